@@ -1,0 +1,150 @@
+"""Backbones by name. Each exposes its stages, so heads may attach at several depths (HDC).
+
+A backbone maps a float image batch to a list of globally pooled features, one per stage,
+shallowest first; `stage_dims` gives their sizes. The runner builds it from the protocol:
+methods never choose or change it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.errors import HarnessError
+from harness.protocol import BackboneSpec
+from harness.registry import Registry
+
+
+class Backbone(nn.Module):
+    """A sequence of stages; forward returns each stage's globally average-pooled output."""
+
+    def __init__(
+        self,
+        stages: list[nn.Module],
+        stage_dims: list[int],
+        in_channels: int,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+    ) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self.stage_dims = list(stage_dims)
+        self.in_channels = in_channels
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.stage_dims[-1]
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, C, H, W] -> normalised float with the channels this backbone expects."""
+        x = images.float().div_(255.0)
+        if x.shape[1] != self.in_channels:
+            x = x.expand(-1, self.in_channels, -1, -1) if x.shape[1] == 1 else x.mean(1, True)
+        return (x - self.mean) / self.std
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        features = []
+        for stage in self.stages:
+            x = stage(x)
+            features.append(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return features
+
+
+def freeze_batchnorm(module: nn.Module) -> None:
+    """Keep BatchNorm statistics and affine parameters fixed (the fair protocols' choice)."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.eval()
+            m.train = lambda mode=True, m=m: m  # type: ignore[method-assign]
+            for p in m.parameters():
+                p.requires_grad_(False)
+
+
+BackboneBuilder = Callable[..., Backbone]
+BACKBONES: Registry[BackboneBuilder] = Registry("backbone")
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+@BACKBONES.register("conv4")
+def conv4(*, pretrained: str, in_channels: int, width: int = 64, blocks: int = 4) -> Backbone:
+    """The 4-block CNN of few-shot Omniglot work (conv3x3-BN-ReLU-maxpool): fast on a CPU."""
+    if pretrained != "none":
+        raise HarnessError("conv4 has no pretrained weights: set backbone.pretrained: none")
+    stages: list[nn.Module] = []
+    channels = in_channels
+    for _ in range(blocks):
+        stages.append(
+            nn.Sequential(
+                nn.Conv2d(channels, width, 3, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2),
+            )
+        )
+        channels = width
+    return Backbone(stages, [width] * blocks, in_channels, (0.5,) * in_channels, (0.5,) * in_channels)
+
+
+def _torchvision(name: str, pretrained: str) -> nn.Module:
+    import torchvision
+
+    weights = "DEFAULT" if pretrained == "imagenet" else None
+    kwargs = {"aux_logits": False, "init_weights": False} if name == "googlenet" else {}
+    try:
+        return getattr(torchvision.models, name)(weights=weights, **kwargs)
+    except (OSError, RuntimeError) as exc:  # a download that failed
+        raise HarnessError(
+            f"cannot load ImageNet weights for {name} ({exc}); connect to the internet once "
+            "so torchvision caches them, or set backbone.pretrained: none"
+        ) from None
+
+
+def _resnet(name: str, pretrained: str, dims: list[int]) -> Backbone:
+    net = _torchvision(name, pretrained)
+    stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool, net.layer1)
+    return Backbone([stem, net.layer2, net.layer3, net.layer4], dims, 3, *IMAGENET)
+
+
+@BACKBONES.register("resnet18")
+def resnet18(*, pretrained: str, in_channels: int) -> Backbone:
+    return _resnet("resnet18", pretrained, [64, 128, 256, 512])
+
+
+@BACKBONES.register("resnet50")
+def resnet50(*, pretrained: str, in_channels: int) -> Backbone:
+    return _resnet("resnet50", pretrained, [256, 512, 1024, 2048])
+
+
+@BACKBONES.register("resnet101")
+def resnet101(*, pretrained: str, in_channels: int) -> Backbone:
+    return _resnet("resnet101", pretrained, [256, 512, 1024, 2048])
+
+
+@BACKBONES.register("googlenet")
+def googlenet(*, pretrained: str, in_channels: int) -> Backbone:
+    """GoogLeNet cut where HDC attaches its heads: after inception_4a, inception_4d, pool5."""
+    net = _torchvision("googlenet", pretrained)
+    stem = nn.Sequential(
+        net.conv1, net.maxpool1, net.conv2, net.conv3, net.maxpool2,
+        net.inception3a, net.inception3b, net.maxpool3, net.inception4a,
+    )  # fmt: skip
+    middle = nn.Sequential(net.inception4b, net.inception4c, net.inception4d)
+    top = nn.Sequential(net.inception4e, net.maxpool4, net.inception5a, net.inception5b)
+    return Backbone([stem, middle, top], [512, 528, 1024], 3, *IMAGENET)
+
+
+def build_backbone(spec: BackboneSpec, in_channels: int) -> Backbone:
+    """The protocol's backbone, with BatchNorm frozen when the protocol says so."""
+    builder = BACKBONES.get(spec.name)
+    try:
+        backbone = builder(pretrained=spec.pretrained, in_channels=in_channels, **spec.params)
+    except TypeError as exc:
+        raise HarnessError(f"backbone {spec.name}: bad backbone.params ({exc})") from None
+    if spec.frozen_batchnorm:
+        freeze_batchnorm(backbone)
+    return backbone

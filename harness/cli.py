@@ -1,0 +1,224 @@
+"""Command line: run, ls, evaluate, leaderboard, validate.
+
+User errors print one line `error: ...` on stderr and exit with status 2; Ctrl-C stops with a
+line saying how to resume (finished runs are kept and skipped on the next run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from harness.errors import HarnessError
+
+log = logging.getLogger("harness")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train and evaluate methods under a protocol")
+    which = run.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every registered method")
+    which.add_argument("--method", help="NAME[,NAME...]")
+    run.add_argument("--protocol", default="default", help="protocol name or YAML path")
+    run.add_argument("--seeds", type=_int_list, help="override the protocol's seeds, e.g. 0,1,2")
+    run.add_argument("--data-root", help="folder holding the dataset's files")
+    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--max-steps", type=_positive_int, help="cap training steps (smoke runs)")
+    run.add_argument("--results-dir", default="results", help="default: results")
+    run.add_argument("--force", action="store_true", help="rerun even if a result exists")
+
+    ls = sub.add_parser("ls", help="list methods, protocols and datasets")
+    ls.add_argument("--json", action="store_true")
+
+    ev = sub.add_parser("evaluate", help="score embeddings you bring with the harness's metrics")
+    ev.add_argument("--embeddings", required=True, type=Path, help="[N, D] .npy")
+    ev.add_argument("--labels", required=True, type=Path, help="[N] .npy")
+    ev.add_argument("--query-embeddings", type=Path, help="[Q, D] .npy (else all-vs-all)")
+    ev.add_argument("--query-labels", type=Path, help="[Q] .npy")
+    ev.add_argument("--recall-ks", type=_int_list, default=[1, 2, 4, 8])
+    ev.add_argument("--json", action="store_true")
+
+    lb = sub.add_parser("leaderboard", help="regenerate results/LEADERBOARD.md")
+    lb.add_argument("--results-dir", default="results")
+
+    val = sub.add_parser("validate", help="check protocol files")
+    val.add_argument("paths", nargs="*", help="default: every shipped protocol")
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import methods  # noqa: F401  (registers the methods)
+    from harness.leaderboard import write_leaderboard
+    from harness.method import METHODS
+    from harness.protocol import load_protocol
+    from harness.runner import plan, sweep
+
+    protocol = load_protocol(args.protocol)
+    names = METHODS.names() if args.all else [m.strip() for m in args.method.split(",") if m.strip()]
+    specs = plan(
+        protocol,
+        names,
+        args.seeds,
+        data_root=args.data_root,
+        device=args.device,
+        max_steps=args.max_steps,
+        results_dir=args.results_dir,
+        force=args.force,
+    )
+    log.info("protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs))
+    try:
+        counts = sweep(specs, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: finished runs are saved; run the same command again to resume "
+            "(finished runs are skipped)",
+            file=sys.stderr,
+        )
+        return 130
+    path = write_leaderboard(Path(args.results_dir))
+    print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: {path}")
+    return 0 if counts.get("failed", 0) == 0 else 1
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    import methods  # noqa: F401
+    from harness.data import DATASETS
+    from harness.method import METHODS
+    from harness.protocol import load_protocol, protocol_names
+
+    listing = {
+        "methods": [
+            {"name": n, "version": METHODS.get(n).version, "paper": METHODS.get(n).paper,
+             "needs_coarse_labels": METHODS.get(n).needs_coarse_labels,
+             "hyperparameters": METHODS.get(n).defaults(), "summary": METHODS.get(n).summary}
+            for n in METHODS.names()
+        ],
+        "protocols": [],
+        "datasets": DATASETS.names(),
+    }  # fmt: skip
+    for name in protocol_names():
+        p = load_protocol(name)
+        listing["protocols"].append(
+            {"name": name, "version": p.version, "hash": p.hash, "dataset": p.dataset.name,
+             "description": p.description}
+        )  # fmt: skip
+    if args.json:
+        print(json.dumps(listing, indent=2))
+        return 0
+    for kind in ("methods", "protocols"):
+        print(f"{kind}:")
+        for item in listing[kind]:
+            extra = item.get("summary") or item.get("description") or ""
+            print(f"  {item['name']:<24} {extra}")
+    print("datasets:\n  " + "\n  ".join(listing["datasets"]))
+    return 0
+
+
+def _load_npy(path: Path, what: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise HarnessError(f"{what} file {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{what} file {path} is not a readable .npy array ({exc})") from None
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from harness.metrics import compute_metrics
+
+    if (args.query_embeddings is None) != (args.query_labels is None):
+        raise HarnessError("give both --query-embeddings and --query-labels, or neither")
+    gallery = _load_npy(args.embeddings, "--embeddings")
+    gallery_labels = _load_npy(args.labels, "--labels")
+    if args.query_embeddings is None:
+        metrics = compute_metrics(gallery, gallery_labels, recall_ks=tuple(args.recall_ks))
+    else:
+        metrics = compute_metrics(
+            _load_npy(args.query_embeddings, "--query-embeddings"),
+            _load_npy(args.query_labels, "--query-labels"),
+            gallery,
+            gallery_labels,
+            recall_ks=tuple(args.recall_ks),
+        )
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        for name, value in metrics.items():
+            print(f"{name:<14} {value:.4f}")
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from harness.leaderboard import write_leaderboard
+
+    print(write_leaderboard(Path(args.results_dir)))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from harness.protocol import PROTOCOL_DIR, load_protocol
+
+    paths = args.paths or [str(p) for p in sorted(PROTOCOL_DIR.glob("*.yaml"))]
+    bad = 0
+    for path in paths:
+        try:
+            p = load_protocol(path)
+        except HarnessError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            bad += 1
+            continue
+        print(f"ok  {path}  ({p.name} v{p.version}, hash {p.hash})")
+    return 2 if bad else 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "ls": cmd_ls,
+    "evaluate": cmd_evaluate,
+    "leaderboard": cmd_leaderboard,
+    "validate": cmd_validate,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    try:
+        return COMMANDS[args.command](args)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,81 @@
+"""What every dataset returns: images held in memory with fine and optional coarse labels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from harness.errors import HarnessError
+from harness.registry import Registry
+
+
+@dataclass(frozen=True)
+class LabelledImages:
+    """A whole dataset in memory.
+
+    images: uint8 tensor [N, C, H, W] (C = 1 for grayscale, 3 for colour).
+    labels: int64 array [N], fine class index into `class_names`.
+    coarse_labels: int64 array [N] into `coarse_names`, or None when the dataset has no superclasses.
+    class_names: one stable, sortable name per fine class (the split sorts by it).
+    source: a short description of where the pixels came from (paths, archive names, versions).
+    """
+
+    images: torch.Tensor
+    labels: np.ndarray
+    class_names: list[str]
+    coarse_labels: np.ndarray | None = None
+    coarse_names: list[str] | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.labels)
+        if self.images.dtype != torch.uint8 or self.images.ndim != 4:
+            raise ValueError("images must be a uint8 tensor [N, C, H, W]")
+        if self.images.shape[0] != n:
+            raise ValueError(f"{self.images.shape[0]} images but {n} labels")
+        if n == 0:
+            raise HarnessError("the dataset is empty: check --data-root and the dataset's files")
+        if self.coarse_labels is not None and len(self.coarse_labels) != n:
+            raise ValueError(f"{len(self.coarse_labels)} coarse labels but {n} labels")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def has_coarse(self) -> bool:
+        return self.coarse_labels is not None
+
+    def subset(self, indices: np.ndarray) -> LabelledImages:
+        """The items at `indices`, keeping the full class name lists (labels stay comparable)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return LabelledImages(
+            images=self.images[torch.from_numpy(idx)],
+            labels=self.labels[idx],
+            class_names=self.class_names,
+            coarse_labels=None if self.coarse_labels is None else self.coarse_labels[idx],
+            coarse_names=self.coarse_names,
+            source=self.source,
+        )
+
+
+# A dataset builder: build(data_root, cache_dir, **params) -> LabelledImages.
+# data_root is None when the user gave no --data-root; params come from the protocol.
+DatasetBuilder = Callable[..., LabelledImages]
+
+DATASETS: Registry[DatasetBuilder] = Registry("dataset")
+
+
+def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
+    """Register a dataset builder under `name` (one line per dataset in harness/data/__init__.py)."""
+    return DATASETS.register(name)
+
+
+def default_cache_dir() -> Path:
+    """Where generated or converted data is cached: $DML_HARNESS_CACHE or ~/.cache/dml-harness."""
+    import os
+
+    return Path(os.environ.get("DML_HARNESS_CACHE", Path.home() / ".cache" / "dml-harness"))

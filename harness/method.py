@@ -1,0 +1,194 @@
+"""The method contract: what a loss, miner, head or learned similarity plugs into.
+
+A method is built from a MethodContext (what the protocol fixed) and its hyperparameters,
+and returns a Method. The runner owns the backbone, data, sampler, optimizer, budget and
+evaluation; the method owns only what its paper adds:
+
+- head: backbone stage features -> Embedded (the retrieval embedding plus named extras such
+  as per-head embeddings or classification logits). It may read any stage (cascades).
+- miner: (Embedded, Batch) -> Pairs | Triplets | Quadruplets, run under no_grad.
+- loss: an nn.Module (Embedded, Batch, mined) -> scalar tensor; its parameters (a PDDM unit,
+  classifier layers) are trained with the backbone under the protocol's optimizer.
+- scorer: optional learned similarity (query [q, D], gallery [G, D]) -> [q, G], higher = more
+  similar; evaluation then ranks by it instead of the Euclidean distance.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.errors import HarnessError
+from harness.registry import Registry, closest
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """What the protocol fixed and a method may read."""
+
+    stage_dims: tuple[int, ...]
+    embedding_dim: int
+    num_classes: int
+    num_coarse_classes: int | None = None
+
+    @property
+    def feature_dim(self) -> int:
+        return self.stage_dims[-1]
+
+
+@dataclass
+class Batch:
+    """Labels of one training batch, on the training device; label ids are dataset-wide."""
+
+    labels: torch.Tensor
+    coarse_labels: torch.Tensor | None = None
+
+
+@dataclass
+class Embedded:
+    embedding: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class Mined:
+    """Base of the typed tuples a miner returns; `evaluated` counts the pair scores or
+    distances the miner computed, the work that the cost measurements compare."""
+
+    evaluated: int
+
+    def count(self) -> int:
+        return len(self.indices()[0])
+
+    def indices(self) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def check(self, batch_size: int) -> None:
+        """The runner's shape check: equal-length 1-D index tensors inside the batch."""
+        idx = self.indices()
+        n = len(idx[0])
+        for t in idx:
+            if t.ndim != 1 or len(t) != n or (n and (t.min() < 0 or t.max() >= batch_size)):
+                raise RuntimeError(f"{type(self).__name__}: malformed indices from the miner")
+
+
+@dataclass
+class Pairs(Mined):
+    first: torch.Tensor
+    second: torch.Tensor
+    positive: torch.Tensor  # bool: same class
+
+    def indices(self) -> tuple[torch.Tensor, ...]:
+        return self.first, self.second
+
+
+@dataclass
+class Triplets(Mined):
+    anchor: torch.Tensor
+    positive: torch.Tensor
+    negative: torch.Tensor
+
+    def indices(self) -> tuple[torch.Tensor, ...]:
+        return self.anchor, self.positive, self.negative
+
+
+@dataclass
+class Quadruplets(Mined):
+    """(i, j) a positive pair, k a negative of i, l a negative of j (PDDM's hard quadruplet);
+    hierarchical methods read them as (reference, same fine, same coarse, other coarse)."""
+
+    i: torch.Tensor
+    j: torch.Tensor
+    k: torch.Tensor
+    l: torch.Tensor  # noqa: E741 (the paper's name)
+
+    def indices(self) -> tuple[torch.Tensor, ...]:
+        return self.i, self.j, self.k, self.l
+
+
+Miner = Callable[[Embedded, Batch], Mined]
+Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Method:
+    head: nn.Module
+    loss: nn.Module | None = None
+    miner: Miner | None = None
+    scorer: Scorer | None = None
+
+    @property
+    def trains(self) -> bool:
+        return self.loss is not None
+
+
+class EmbeddingHead(nn.Module):
+    """Linear map of the last stage's pooled features to the embedding, L2-normalised."""
+
+    def __init__(self, in_dim: int, embedding_dim: int, normalize: bool = True) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_dim, embedding_dim)
+        self.normalize = normalize
+
+    def forward(self, features: list[torch.Tensor]) -> Embedded:
+        x = self.fc(features[-1])
+        return Embedded(F.normalize(x, dim=1) if self.normalize else x)
+
+
+def all_pairs(labels: torch.Tensor) -> Pairs:
+    """Every unordered pair of the batch (i < j), with its same-class flag: m(m-1)/2 pairs."""
+    m = len(labels)
+    first, second = torch.triu_indices(m, m, offset=1, device=labels.device)
+    return Pairs(m * (m - 1) // 2, first, second, labels[first] == labels[second])
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    version: int
+    build: Callable[..., Method]
+    paper: str = ""
+    needs_coarse_labels: bool = False
+    summary: str = ""
+
+    def defaults(self) -> dict[str, Any]:
+        """The paper's hyperparameters: the build function's keyword defaults."""
+        params = inspect.signature(self.build).parameters.values()
+        return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    def hyperparameters(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Defaults with the protocol's overrides; an unknown override is an error."""
+        defaults = self.defaults()
+        for key in overrides:
+            if key not in defaults:
+                known = ", ".join(defaults) or "none"
+                raise HarnessError(
+                    f"method {self.name} has no hyperparameter {key!r}"
+                    f"{closest(key, list(defaults))}; it takes: {known}"
+                )
+        return {**defaults, **overrides}
+
+
+METHODS: Registry[MethodSpec] = Registry("method")
+
+
+def register_method(
+    name: str, *, version: int, paper: str = "", needs_coarse_labels: bool = False
+) -> Callable[[Callable[..., Method]], Callable[..., Method]]:
+    """Register `build(ctx, **hyperparameters) -> Method`; bump `version` when results change."""
+
+    def decorate(build: Callable[..., Method]) -> Callable[..., Method]:
+        doc = (inspect.getmodule(build).__doc__ or build.__doc__ or "").strip()
+        METHODS.add(
+            name,
+            MethodSpec(name, version, build, paper, needs_coarse_labels, doc.splitlines()[0] if doc else ""),
+        )
+        return build
+
+    return decorate

@@ -1,0 +1,59 @@
+"""One small generic registry: register by name, look up with a "did you mean" on typos."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from harness.errors import HarnessError
+
+T = TypeVar("T")
+
+
+def closest(name: str, choices: list[str]) -> str:
+    """Return a ' (did you mean X?)' hint for the closest choice, or '' when none is close."""
+    match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+class Registry(Generic[T]):
+    """Maps names to entries; duplicates and unknown names are errors, never silent."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def add(self, name: str, entry: T) -> T:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        self._entries[name] = entry
+        return entry
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator form of `add`."""
+
+        def decorate(entry: T) -> T:
+            return self.add(name, entry)
+
+        return decorate
+
+    def get(self, name: str) -> T:
+        if name not in self._entries:
+            known = sorted(self._entries)
+            raise HarnessError(
+                f"unknown {self.kind} {name!r}{closest(name, known)}; known: {', '.join(known)}"
+            )
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)

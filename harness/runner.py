@@ -1,0 +1,244 @@
+"""Sweeps as lists of independent, serialisable run specifications, each -> one result file.
+
+Data flows one way: protocol -> dataset + split -> sampler -> backbone + method -> train ->
+evaluate -> result JSON. A finished result with the same protocol hash, method version,
+hyperparameters, seed and budget is skipped, so an interrupted sweep resumes by running the
+same command again; a result that would be replaced is archived, never lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import harness
+from harness.backbones import build_backbone
+from harness.data import DATASETS, LabelledImages, default_cache_dir
+from harness.errors import HarnessError
+from harness.evaluate import evaluate
+from harness.method import METHODS, MethodContext
+from harness.protocol import Protocol, load_protocol
+from harness.registry import closest
+from harness.results import RESULT_SCHEMA, environment, read_result, result_path, write_json_atomic
+from harness.splits import Split, split_classes
+from harness.train import TrainingFailed, train
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run needs; plain data, so a sweep can be shipped to other workers."""
+
+    protocol: str
+    method: str
+    seed: int
+    data_root: str | None = None
+    device: str = "auto"
+    max_steps: int | None = None
+    results_dir: str = "results"
+    force: bool = False
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    if name not in ("cpu", "cuda"):
+        raise HarnessError(f"unknown device {name!r}; use auto, cpu or cuda")
+    return torch.device(name)
+
+
+def plan(
+    protocol: Protocol,
+    methods: list[str],
+    seeds: list[int] | None = None,
+    **options: Any,
+) -> list[RunSpec]:
+    """One RunSpec per (method, seed); unknown methods and bad overrides fail before any run."""
+    for name in methods:
+        METHODS.get(name).hyperparameters(protocol.method_overrides(name))
+    for name in protocol.methods:
+        if name not in METHODS:
+            raise HarnessError(
+                f"{protocol.path}: methods: unknown method {name!r}"
+                f"{closest(name, METHODS.names())}"
+            )
+    return [
+        RunSpec(protocol=protocol.path, method=m, seed=s, **options)
+        for m in methods
+        for s in (seeds if seeds is not None else protocol.seeds)
+    ]
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    data: LabelledImages
+    split: Split
+
+
+_DATA_CACHE: dict[str, PreparedData] = {}
+
+
+def prepare_data(protocol: Protocol, data_root: str | None) -> PreparedData:
+    """The protocol's dataset at the backbone's input size, and its class-disjoint split."""
+    key = json.dumps([protocol.dataset.name, protocol.dataset.params, data_root,
+                      protocol.backbone.input_size, dataclasses.asdict(protocol.split)],
+                     sort_keys=True)  # fmt: skip
+    if key in _DATA_CACHE:
+        return _DATA_CACHE[key]
+    builder = DATASETS.get(protocol.dataset.name)
+    allowed = [p for p in inspect.signature(builder).parameters if p not in ("data_root", "cache_dir")]
+    for param in protocol.dataset.params:
+        if param not in allowed:
+            raise HarnessError(
+                f"{protocol.path}: dataset.params: {protocol.dataset.name} has no parameter "
+                f"{param!r}{closest(param, allowed)}; it takes: {', '.join(allowed)}"
+            )
+    root = Path(data_root).expanduser() if data_root else None
+    if root is not None and not root.is_dir():
+        raise HarnessError(f"--data-root {root} is not a directory")
+    data = builder(root, default_cache_dir(), **protocol.dataset.params)
+    data = resize(data, protocol.backbone.input_size)
+    prepared = PreparedData(data, split_classes(data, protocol.split))
+    _DATA_CACHE[key] = prepared
+    return prepared
+
+
+def resize(data: LabelledImages, size: int) -> LabelledImages:
+    """Resize all images once, up front, so the training step never resizes."""
+    if data.images.shape[-2:] == (size, size):
+        return data
+    out = torch.empty((len(data), data.images.shape[1], size, size), dtype=torch.uint8)
+    for s in range(0, len(data), 1024):
+        chunk = data.images[s : s + 1024].float()
+        chunk = F.interpolate(chunk, size=(size, size), mode="bilinear", antialias=True)
+        out[s : s + 1024] = chunk.round().clamp(0, 255).to(torch.uint8)
+    return dataclasses.replace(data, images=out)
+
+
+def contiguous(labels: np.ndarray) -> np.ndarray:
+    """Map the labels present to 0..C-1 (classifier heads need contiguous training ids)."""
+    return np.unique(labels, return_inverse=True)[1].astype(np.int64)
+
+
+def _same_run(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return (
+        old.get("status") == "ok"
+        and old["protocol"]["hash"] == new["protocol"]["hash"]
+        and old["method"]["version"] == new["method"]["version"]
+        and old["method"]["hyperparameters"] == new["method"]["hyperparameters"]
+        and old["training"].get("max_steps") == new["training"]["max_steps"]
+    )
+
+
+def archive(path: Path, results_dir: Path) -> Path:
+    """Move a result that is about to be replaced under results/archive/, stamped by time."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    target = results_dir / "archive" / path.relative_to(results_dir / "runs")
+    target = target.with_name(f"{target.stem}-{stamp}.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path.replace(target)
+    return target
+
+
+def execute(spec: RunSpec, progress: bool = True) -> tuple[str, Path]:
+    """Run one spec unless an identical finished result exists; returns (status, path)."""
+    protocol = load_protocol(spec.protocol)
+    method_spec = METHODS.get(spec.method)
+    hyper = method_spec.hyperparameters(protocol.method_overrides(spec.method))
+    results_dir = Path(spec.results_dir)
+    path = result_path(results_dir, protocol.name, spec.method, spec.seed)
+    record: dict[str, Any] = {
+        "schema": RESULT_SCHEMA,
+        "status": "running",
+        "failure": None,
+        "protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash,
+                     "path": protocol.path, "content": protocol.content()},
+        "method": {"name": spec.method, "version": method_spec.version,
+                   "paper": method_spec.paper, "hyperparameters": hyper},
+        "seed": spec.seed,
+        "training": {"max_steps": spec.max_steps},
+    }  # fmt: skip
+    if path.exists():
+        old = read_result(path)
+        if _same_run(old, record) and not spec.force:
+            return "skipped", path
+        log.info("archived the previous result to %s", archive(path, results_dir))
+    device = resolve_device(spec.device)
+    prepared = prepare_data(protocol, spec.data_root)
+    data, split = prepared.data, prepared.split
+    record["dataset"] = {"name": protocol.dataset.name, "source": data.source}
+    record["split"] = split.summary()
+    record["started_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record["harness_version"] = harness.__version__
+    record["environment"] = environment(device)
+    if method_spec.needs_coarse_labels and not data.has_coarse:
+        record.update(status="not_applicable",
+                      failure=f"{spec.method} needs coarse labels; {protocol.dataset.name} has none")  # fmt: skip
+        write_json_atomic(path, record)
+        return "not_applicable", path
+
+    torch.manual_seed(spec.seed)  # the same backbone initialisation for every method
+    np.random.seed(spec.seed)
+    backbone = build_backbone(protocol.backbone, data.images.shape[1]).to(device)
+    train_labels = data.labels[split.train]
+    ctx = MethodContext(
+        stage_dims=tuple(backbone.stage_dims),
+        embedding_dim=protocol.embedding_dim,
+        num_classes=len(np.unique(train_labels)),
+        num_coarse_classes=len(data.coarse_names) if data.coarse_names else None,
+    )
+    method = method_spec.build(ctx, **hyper)
+    method.head.to(device)
+    if method.loss is not None:
+        method.loss.to(device)
+    train_coarse = None if data.coarse_labels is None else data.coarse_labels[split.train]
+    try:
+        stats = train(backbone, method, data.images[split.train], contiguous(train_labels),
+                      train_coarse, protocol, spec.seed, device, spec.max_steps, progress)  # fmt: skip
+    except TrainingFailed as exc:
+        record.update(status="failed", failure=str(exc))
+        write_json_atomic(path, record)
+        return "failed", path
+    metrics, eval_timings = evaluate(backbone, method, data.images[split.test],
+                                     data.labels[split.test], protocol, device, spec.seed)  # fmt: skip
+    record["status"] = "ok"
+    record["metrics"] = metrics
+    record["timings"] = {**stats.summary(), **eval_timings}
+    record["tuples"] = {"kind": stats.tuple_kind, "mined": stats.tuples_mined,
+                        "per_step": round(stats.tuples_mined / max(stats.steps, 1), 2),
+                        "pair_scores_evaluated": stats.pair_scores_evaluated,
+                        "empty_steps": stats.empty_steps}  # fmt: skip
+    record["training"].update(steps=stats.steps, epochs=round(stats.epochs, 3),
+                              epoch_loss=[round(v, 6) for v in stats.epoch_loss],
+                              epoch_seconds=[round(v, 3) for v in stats.epoch_seconds])  # fmt: skip
+    record["retrieval"] = "learned_scorer" if method.scorer else "euclidean"
+    record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_json_atomic(path, record)
+    return "ok", path
+
+
+def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
+    """Run specs in order; one failed run does not stop the others. Returns counts by status."""
+    counts: dict[str, int] = {}
+    for n, spec in enumerate(specs, 1):
+        start = time.perf_counter()
+        log.info("[%d/%d] %s seed %d ...", n, len(specs), spec.method, spec.seed)
+        status, path = execute(spec, progress)
+        counts[status] = counts.get(status, 0) + 1
+        log.info("[%d/%d] %s seed %d: %s in %.1fs -> %s", n, len(specs), spec.method, spec.seed,
+                 status, time.perf_counter() - start, path)  # fmt: skip
+    return counts

@@ -1,0 +1,170 @@
+"""One generic training loop: P x K batches -> backbone -> head -> miner -> loss -> step.
+
+No branch here knows which method it trains; everything method-specific comes through the
+Method contract. Mining and loss are timed separately for the cost comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from harness.backbones import Backbone
+from harness.method import Batch, Method, Mined
+from harness.protocol import Protocol
+from harness.sampler import PKSampler
+from harness.timing import PhaseTimer
+
+log = logging.getLogger(__name__)
+
+
+class TrainingFailed(Exception):
+    """The run cannot go on (non-finite loss); the reason goes into its result file."""
+
+
+@dataclass
+class TrainStats:
+    steps: int = 0
+    epochs: float = 0.0
+    images: int = 0
+    train_seconds: float = 0.0
+    mining_seconds: float = 0.0
+    loss_seconds: float = 0.0
+    tuple_kind: str = ""
+    tuples_mined: int = 0
+    pair_scores_evaluated: int = 0
+    empty_steps: int = 0
+    epoch_loss: list[float] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, object]:
+        if self.steps == 0:  # nothing trained: no throughput to report
+            return {"steps": 0, "epochs": 0.0, "train_seconds": 0.0, "images_per_second": None,
+                    "seconds_per_epoch": None, "mining_seconds": 0.0, "loss_seconds": 0.0}  # fmt: skip
+        seconds = max(self.train_seconds, 1e-9)
+        return {
+            "steps": self.steps,
+            "epochs": round(self.epochs, 3),
+            "train_seconds": round(self.train_seconds, 3),
+            "images_per_second": round(self.images / seconds, 1),
+            "seconds_per_epoch": round(self.train_seconds / max(self.epochs, 1e-9), 3),
+            "mining_seconds": round(self.mining_seconds, 4),
+            "loss_seconds": round(self.loss_seconds, 4),
+        }
+
+
+def make_optimizer(params: list[nn.Parameter], protocol: Protocol) -> torch.optim.Optimizer:
+    spec = protocol.optimizer
+    if spec.name == "sgd":
+        return torch.optim.SGD(
+            params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        )
+    cls = torch.optim.AdamW if spec.name == "adamw" else torch.optim.Adam
+    return cls(params, lr=spec.lr, weight_decay=spec.weight_decay)
+
+
+def lr_factor(protocol: Protocol, epoch: float, total_epochs: float) -> float:
+    """The schedule's multiplier of the base learning rate at a (fractional) epoch."""
+    spec = protocol.schedule
+    if spec.name == "step":
+        return spec.gamma ** math.floor(epoch / spec.step_epochs)
+    if spec.name == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(epoch / total_epochs, 1.0)))
+    return 1.0
+
+
+def train(
+    backbone: Backbone,
+    method: Method,
+    images: torch.Tensor,
+    labels: np.ndarray,
+    coarse_labels: np.ndarray | None,
+    protocol: Protocol,
+    seed: int,
+    device: torch.device,
+    max_steps: int | None = None,
+    progress: bool = True,
+) -> TrainStats:
+    """Train backbone + method in place on the training split under the protocol's budget.
+
+    labels are contiguous training-class ids; images are uint8 [N, C, S, S] at input size.
+    """
+    stats = TrainStats()
+    if not method.trains:
+        return stats
+    sampler = PKSampler(
+        labels, protocol.sampler.classes_per_batch, protocol.sampler.images_per_class, seed
+    )
+    per_epoch = sampler.batches_per_epoch
+    budget = protocol.budget
+    total = budget.steps or budget.epochs * per_epoch
+    if max_steps is not None:
+        total = min(total, max_steps)
+    modules = nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
+    params = [p for p in modules.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, protocol)
+    labels_t = torch.as_tensor(labels, device=device)
+    coarse_t = None if coarse_labels is None else torch.as_tensor(coarse_labels, device=device)
+    timer = PhaseTimer(device)
+    modules.train()
+    running, in_epoch, epoch_start = 0.0, 0, time.perf_counter()
+    bar = tqdm(total=total, desc="train", unit="step", disable=not progress, leave=False)
+    start = timer.now()
+    for step in range(total):
+        epoch = step / per_epoch
+        for group in optimizer.param_groups:
+            group["lr"] = protocol.optimizer.lr * lr_factor(protocol, epoch, total / per_epoch)
+        idx = torch.from_numpy(sampler.next_batch())
+        x = backbone.prepare(images[idx].to(device, non_blocking=True))
+        batch = Batch(labels_t[idx.to(device)], None if coarse_t is None else coarse_t[idx.to(device)])
+        out = method.head(backbone(x))
+        mined: Mined | None = None
+        if method.miner is not None:
+            with timer.phase("mining"), torch.no_grad():
+                mined = method.miner(out, batch)
+            mined.check(len(idx))
+            stats.tuple_kind = type(mined).__name__.lower()
+            stats.tuples_mined += mined.count()
+            stats.pair_scores_evaluated += mined.evaluated
+        with timer.phase("loss"):
+            loss = method.loss(out, batch, mined)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise TrainingFailed(f"loss became {value} at step {step} (epoch {epoch:.2f})")
+        optimizer.zero_grad(set_to_none=True)
+        if loss.requires_grad and (mined is None or mined.count() > 0):
+            loss.backward()
+            optimizer.step()
+        else:
+            stats.empty_steps += 1
+        stats.steps += 1
+        stats.images += len(idx)
+        running += value
+        in_epoch += 1
+        bar.update(1)
+        bar.set_postfix(epoch=f"{epoch + 1 / per_epoch:.1f}", loss=f"{value:.4f}", refresh=False)
+        if in_epoch == per_epoch or step == total - 1:
+            now = time.perf_counter()
+            stats.epoch_loss.append(running / in_epoch)
+            stats.epoch_seconds.append(now - epoch_start)
+            done = (step + 1) / total
+            eta = (now - start) * (1 - done) / done
+            log.info(
+                "epoch %d/%d  loss %.4f  %.1fs  eta %.0fs",
+                len(stats.epoch_loss), math.ceil(total / per_epoch), stats.epoch_loss[-1],
+                now - epoch_start, eta,
+            )  # fmt: skip
+            running, in_epoch, epoch_start = 0.0, 0, now
+    bar.close()
+    stats.train_seconds = timer.now() - start
+    stats.mining_seconds = timer.seconds["mining"]
+    stats.loss_seconds = timer.seconds["loss"]
+    stats.epochs = stats.steps / per_epoch
+    return stats

@@ -1,0 +1,12 @@
+"""Method adapters, one module per method. This tuple is the registry: one line per method."""
+
+import importlib
+
+MODULES = (
+    "untrained",
+    "contrastive",
+    "triplet",
+)
+
+for _name in MODULES:
+    importlib.import_module(f"methods.{_name}")

@@ -1,0 +1,48 @@
+"""Contrastive loss (Hadsell et al. 2006) over all pairs of the batch, as Eq. 1 of Song et al.
+
+J = 1/(2|pairs|) * sum_pairs  y_ij D_ij^2 + (1 - y_ij) [alpha - D_ij]_+^2, on L2-normalised
+embeddings (HDC's form, margin M = 1). pytorch-metric-learning's ContrastiveLoss does not
+square the hinge and averages over non-zero pairs only, so this is written out.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness.method import (
+    Batch,
+    Embedded,
+    EmbeddingHead,
+    Method,
+    MethodContext,
+    Pairs,
+    all_pairs,
+    register_method,
+)
+
+
+class ContrastiveLoss(nn.Module):
+    def __init__(self, margin: float) -> None:
+        super().__init__()
+        self.margin = margin
+
+    def forward(self, out: Embedded, batch: Batch, pairs: Pairs) -> torch.Tensor:
+        emb = out.embedding
+        dist = (emb[pairs.first] - emb[pairs.second]).norm(dim=1)
+        y = pairs.positive.float()
+        per_pair = y * dist.pow(2) + (1 - y) * (self.margin - dist).clamp(min=0).pow(2)  # Eq. 1
+        return per_pair.sum() / (2 * len(per_pair))
+
+
+def mine_all_pairs(out: Embedded, batch: Batch) -> Pairs:
+    return all_pairs(batch.labels)
+
+
+@register_method("contrastive", version=1, paper="lifted_structure_cvpr2016")
+def build(ctx: MethodContext, *, margin: float = 1.0) -> Method:
+    return Method(
+        head=EmbeddingHead(ctx.feature_dim, ctx.embedding_dim),
+        loss=ContrastiveLoss(margin),
+        miner=mine_all_pairs,
+    )

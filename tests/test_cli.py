@@ -1,0 +1,129 @@
+"""The command line as a user meets it: outputs, exit codes, one-line errors, resumption."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=600,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
+    results = tmp_path / "results"
+    args = ["-q", "run", "--protocol", "smoke", "--method", "untrained,contrastive",
+            "--results-dir", str(results)]  # fmt: skip
+    assert main(args) == 0
+    path = results / "runs" / "smoke" / "contrastive" / "seed0.json"
+    record = json.loads(path.read_text())
+    for key in ("protocol", "method", "seed", "split", "metrics", "timings", "tuples",
+                "environment", "status", "training", "dataset"):  # fmt: skip
+        assert key in record
+    assert record["protocol"]["hash"] and record["protocol"]["version"] == 1
+    assert record["method"] == {
+        "name": "contrastive", "version": 1, "paper": "lifted_structure_cvpr2016",
+        "hyperparameters": {"margin": 1.0},
+    }  # fmt: skip
+    assert record["environment"]["packages"]["torch"]
+    assert record["tuples"]["kind"] == "pairs" and record["tuples"]["per_step"] == 120
+    assert set(record["metrics"]) >= {"recall@1", "recall@2", "map@r", "nmi", "f1", "map"}
+    board = (results / "LEADERBOARD.md").read_text()
+    assert "| contrastive" in board and "| untrained" in board and "smoke" in board
+    mtime = path.stat().st_mtime_ns
+    assert main(args) == 0  # finished runs are skipped, not redone
+    assert path.stat().st_mtime_ns == mtime
+    assert main([*args, "--force"]) == 0  # a forced rerun archives the old result
+    archived = list((results / "archive").rglob("seed0-*.json"))
+    assert len(archived) == 2
+
+
+def test_ls_json_lists_everything():
+    proc = cli("ls", "--json")
+    assert proc.returncode == 0, proc.stderr
+    listing = json.loads(proc.stdout)
+    names = {m["name"] for m in listing["methods"]}
+    assert {"untrained", "contrastive", "triplet"} <= names
+    assert {"default", "smoke", "omniglot"} <= {p["name"] for p in listing["protocols"]}
+    assert {"glyphs", "omniglot"} <= set(listing["datasets"])
+
+
+def test_evaluate_all_vs_all_and_query_gallery(tmp_path: Path):
+    emb = np.array([[0.0], [0.1], [5.0], [5.2]], dtype=np.float32)
+    labels = np.array([0, 0, 1, 1])
+    np.save(tmp_path / "e.npy", emb)
+    np.save(tmp_path / "l.npy", labels)
+    proc = cli("evaluate", "--embeddings", str(tmp_path / "e.npy"),
+               "--labels", str(tmp_path / "l.npy"), "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout)
+    assert metrics["recall@1"] == 1.0 and metrics["map@r"] == 1.0
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    np.save(tmp_path / "q.npy", np.array([[4.9], [0.2]], dtype=np.float32))
+    np.save(tmp_path / "ql.npy", np.array([0, 0]))
+    proc = cli("evaluate", "--embeddings", str(tmp_path / "e.npy"),
+               "--labels", str(tmp_path / "l.npy"), "--query-embeddings", str(tmp_path / "q.npy"),
+               "--query-labels", str(tmp_path / "ql.npy"), "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # query 0 (label 0) sits next to the label-1 items, query 1 next to the label-0 items
+    assert json.loads(proc.stdout)["recall@1"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["run", "--method", "contrastiv", "--protocol", "smoke"], ["did you mean 'contrastive'"]),
+        (["run", "--all", "--protocol", "smok"], ["unknown protocol 'smok'", "did you mean"]),
+        (["run", "--all", "--protocol", "smoke", "--data-root", "/nonexistent/dir"],
+         ["--data-root /nonexistent/dir is not a directory"]),
+        (["run", "--all", "--protocol", "omniglot", "--max-steps", "1"], ["--data-root"]),
+        (["leaderboard", "--results-dir", "/nonexistent/results"], ["no run results"]),
+        (["evaluate", "--embeddings", "/nonexistent/e.npy", "--labels", "/x.npy"],
+         ["does not exist"]),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line(args: list[str], fragments: list[str]):
+    assert_one_line_error(cli(*args), *fragments)
+
+
+def test_evaluate_mismatched_counts_is_one_line(tmp_path: Path):
+    np.save(tmp_path / "e.npy", np.zeros((4, 2), dtype=np.float32))
+    np.save(tmp_path / "l.npy", np.zeros(3, dtype=np.int64))
+    proc = cli("evaluate", "--embeddings", str(tmp_path / "e.npy"), "--labels", str(tmp_path / "l.npy"))
+    assert_one_line_error(proc, "4", "3")
+
+
+def test_validate_reports_each_bad_file(tmp_path: Path):
+    good = REPO / "protocols" / "smoke.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("embedding_dim:", "embeding_dim:"))
+    proc = cli("validate", str(good), str(bad))
+    assert proc.returncode == 2
+    assert "ok" in proc.stdout and "did you mean 'embedding_dim'" in proc.stderr
+    assert cli("validate").returncode == 0

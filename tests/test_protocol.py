@@ -1,0 +1,82 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.errors import HarnessError
+from harness.protocol import PROTOCOL_DIR, load_protocol, parse_protocol, protocol_names
+
+BASE = yaml.safe_load((PROTOCOL_DIR / "smoke.yaml").read_text())
+
+
+def with_change(path: str, value):
+    data = yaml.safe_load((PROTOCOL_DIR / "smoke.yaml").read_text())
+    *parents, last = path.split(".")
+    node = data
+    for p in parents:
+        node = node[p]
+    node[last] = value
+    return data
+
+
+def test_shipped_protocols_load():
+    assert {"default", "smoke", "omniglot"} <= set(protocol_names())
+    for name in protocol_names():
+        p = load_protocol(name)
+        assert p.name == name
+        assert len(p.hash) == 16
+
+
+def test_hash_ignores_comments_and_key_order_but_not_values(tmp_path: Path):
+    original = load_protocol("smoke")
+    text = (PROTOCOL_DIR / "smoke.yaml").read_text()
+    (tmp_path / "a.yaml").write_text("# a comment\n" + text)
+    assert load_protocol(str(tmp_path / "a.yaml")).hash == original.hash
+    reordered = dict(reversed(list(BASE.items())))
+    assert parse_protocol(reordered, "x").hash == original.hash
+    assert parse_protocol(with_change("embedding_dim", 32), "x").hash != original.hash
+
+
+def test_protocol_is_frozen():
+    p = load_protocol("smoke")
+    with pytest.raises(AttributeError):
+        p.embedding_dim = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("embeddding_dim", 3), "unknown key 'embeddding_dim' (did you mean 'embedding_dim'?)"),
+        (("sampler.images_per_clas", 4), "did you mean 'images_per_class'"),
+        (("embedding_dim", 0), "embedding_dim must be >= 1"),
+        (("embedding_dim", "64"), "expected int"),
+        (("sampler.images_per_class", -1), "images_per_class (K) must be at least 2"),
+        (("split.train_fraction", 1.5), "train_fraction must be in (0, 1)"),
+        (("budget", {"epochs": 1, "steps": 2}), "exactly one of epochs or steps"),
+        (("optimizer.name", "adagrad"), "adam, adamw or sgd"),
+        (("seeds", []), "at least one seed"),
+        (("schema", 7), "schema 7 is not supported"),
+        (("backbone.input_size", True), "expected int"),
+    ],
+)
+def test_bad_values_are_one_line_errors(change, message):
+    with pytest.raises(HarnessError) as info:
+        parse_protocol(with_change(*change), "p.yaml")
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_key_and_malformed_yaml(tmp_path: Path):
+    data = dict(BASE)
+    del data["sampler"]
+    with pytest.raises(HarnessError, match="missing required key 'sampler'"):
+        parse_protocol(data, "p.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsampler: {classes_per_batch: 4,\n  images_per_class: [\n")
+    with pytest.raises(HarnessError, match=r"bad.yaml:\d+: malformed YAML"):
+        load_protocol(str(bad))
+
+
+def test_unknown_protocol_name_suggests():
+    with pytest.raises(HarnessError, match="did you mean 'smoke'"):
+        load_protocol("smokee")
