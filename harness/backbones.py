@@ -87,7 +87,9 @@ def conv4(*, pretrained: str, in_channels: int, width: int = 64, blocks: int = 4
             )
         )
         channels = width
-    return Backbone(stages, [width] * blocks, in_channels, (0.5,) * in_channels, (0.5,) * in_channels)
+    return Backbone(
+        stages, [width] * blocks, in_channels, (0.5,) * in_channels, (0.5,) * in_channels
+    )
 
 
 def _torchvision(name: str, pretrained: str) -> nn.Module:

@@ -23,7 +23,9 @@ def _int_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def _positive_int(text: str) -> int:
@@ -80,7 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.runner import plan, sweep
 
     protocol = load_protocol(args.protocol)
-    names = METHODS.names() if args.all else [m.strip() for m in args.method.split(",") if m.strip()]
+    names = (
+        METHODS.names() if args.all else [m.strip() for m in args.method.split(",") if m.strip()]
+    )
     specs = plan(
         protocol,
         names,
@@ -91,7 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         results_dir=args.results_dir,
         force=args.force,
     )
-    log.info("protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs))
+    log.info(
+        "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)
+    )
     try:
         counts = sweep(specs, progress=not args.quiet)
     except KeyboardInterrupt:

@@ -39,7 +39,11 @@ def _mean_std(values: pd.Series, scale: float, digits: int) -> str:
 def _table(runs: list[dict[str, Any]]) -> str:
     rows = []
     for r in runs:
-        row: dict[str, Any] = {"method": r["method"]["name"], "seed": r["seed"], "status": r["status"]}
+        row: dict[str, Any] = {
+            "method": r["method"]["name"],
+            "seed": r["seed"],
+            "status": r["status"],
+        }
         row.update(r.get("metrics", {}))
         timings = r.get("timings", {})
         row["img/s"] = timings.get("images_per_second")
@@ -61,18 +65,25 @@ def _table(runs: list[dict[str, Any]]) -> str:
         line["s/epoch"] = _mean_std(trained, 1, 2) if not trained.empty else "-"
         bad = group[group["status"] != "ok"]
         line["notes"] = "; ".join(
-            f"seed {s}: {st} ({f})" for s, st, f in bad[["seed", "status", "failure"]].itertuples(index=False)
+            f"seed {s}: {st} ({f})"
+            for s, st, f in bad[["seed", "status", "failure"]].itertuples(index=False)
         )
         sort_metric = metrics[0] if metrics else None
         line["_sort"] = ok[sort_metric].mean() if sort_metric and not ok.empty else -1.0
         out.append(line)
-    table = pd.DataFrame(out).sort_values("_sort", ascending=False, kind="stable").drop(columns="_sort")
+    table = (
+        pd.DataFrame(out).sort_values("_sort", ascending=False, kind="stable").drop(columns="_sort")
+    )
     if not (table["notes"] != "").any():
         table = table.drop(columns="notes")
-    return tabulate(table, headers="keys", tablefmt="github", showindex=False, disable_numparse=True)
+    return tabulate(
+        table, headers="keys", tablefmt="github", showindex=False, disable_numparse=True
+    )
 
 
-def _groups(runs: Iterable[dict[str, Any]]) -> dict[tuple[str, int, str, Any], list[dict[str, Any]]]:
+def _groups(
+    runs: Iterable[dict[str, Any]],
+) -> dict[tuple[str, int, str, Any], list[dict[str, Any]]]:
     groups: dict[tuple[str, int, str, Any], list[dict[str, Any]]] = {}
     for r in runs:
         p = r["protocol"]
@@ -93,7 +104,9 @@ def render(runs: list[dict[str, Any]]) -> str:
     ]
     for (name, version, hash_, max_steps), group in sorted(_groups(runs).items(), key=str):
         commits = sorted({r.get("environment", {}).get("git_commit", "?")[:10] for r in group})
-        devices = sorted({r.get("environment", {}).get("hardware", {}).get("device", "?") for r in group})
+        devices = sorted(
+            {r.get("environment", {}).get("hardware", {}).get("device", "?") for r in group}
+        )
         dates = sorted(r.get("finished_at") or r.get("started_at") or "?" for r in group)
         title = f"## {name} (protocol v{version}, hash `{hash_}`)"
         if max_steps is not None:

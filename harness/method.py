@@ -187,7 +187,9 @@ def register_method(
         doc = (inspect.getmodule(build).__doc__ or build.__doc__ or "").strip()
         METHODS.add(
             name,
-            MethodSpec(name, version, build, paper, needs_coarse_labels, doc.splitlines()[0] if doc else ""),
+            MethodSpec(
+                name, version, build, paper, needs_coarse_labels, doc.splitlines()[0] if doc else ""
+            ),
         )
         return build
 

@@ -125,7 +125,15 @@ class BudgetSpec:
 class EvaluationSpec:
     recall_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     metrics: list[str] = field(
-        default_factory=lambda: ["recall@K", "precision@1", "r_precision", "map@r", "map", "nmi", "f1"]
+        default_factory=lambda: [
+            "recall@K",
+            "precision@1",
+            "r_precision",
+            "map@r",
+            "map",
+            "nmi",
+            "f1",
+        ]
     )
     batch_size: int = 256
 
@@ -233,7 +241,9 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
 def parse_protocol(data: Any, source: str) -> Protocol:
     """Validate plain data (as loaded from YAML) into a Protocol; errors name `source`."""
     if not isinstance(data, dict):
-        raise HarnessError(f"{source}: a protocol must be a YAML mapping, got {type(data).__name__}")
+        raise HarnessError(
+            f"{source}: a protocol must be a YAML mapping, got {type(data).__name__}"
+        )
     schema = data.get("schema", SCHEMA_VERSION)
     if schema != SCHEMA_VERSION:
         raise HarnessError(

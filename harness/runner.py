@@ -55,7 +55,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise HarnessError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+        raise HarnessError(
+            "--device cuda was asked for but no CUDA GPU is visible; use --device cpu"
+        )
     if name not in ("cpu", "cuda"):
         raise HarnessError(f"unknown device {name!r}; use auto, cpu or cuda")
     return torch.device(name)
@@ -73,8 +75,7 @@ def plan(
     for name in protocol.methods:
         if name not in METHODS:
             raise HarnessError(
-                f"{protocol.path}: methods: unknown method {name!r}"
-                f"{closest(name, METHODS.names())}"
+                f"{protocol.path}: methods: unknown method {name!r}{closest(name, METHODS.names())}"
             )
     return [
         RunSpec(protocol=protocol.path, method=m, seed=s, **options)
@@ -100,7 +101,9 @@ def prepare_data(protocol: Protocol, data_root: str | None) -> PreparedData:
     if key in _DATA_CACHE:
         return _DATA_CACHE[key]
     builder = DATASETS.get(protocol.dataset.name)
-    allowed = [p for p in inspect.signature(builder).parameters if p not in ("data_root", "cache_dir")]
+    allowed = [
+        p for p in inspect.signature(builder).parameters if p not in ("data_root", "cache_dir")
+    ]
     for param in protocol.dataset.params:
         if param not in allowed:
             raise HarnessError(

@@ -27,7 +27,8 @@ class Split:
     def hash(self) -> str:
         """Hash of the three class lists: two results with the same hash saw the same classes."""
         text = "\n".join(
-            "|".join(names) for names in (self.train_classes, self.validation_classes, self.test_classes)
+            "|".join(names)
+            for names in (self.train_classes, self.validation_classes, self.test_classes)
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -81,7 +82,9 @@ def assert_disjoint(split: Split, data: LabelledImages) -> None:
     for name, idx in parts.items():
         for label in np.unique(data.labels[idx]).tolist():
             if label in seen:
-                raise AssertionError(f"class {data.class_names[label]} is in {seen[label]} and {name}")
+                raise AssertionError(
+                    f"class {data.class_names[label]} is in {seen[label]} and {name}"
+                )
             seen[label] = name
     all_idx = np.concatenate(list(parts.values()))
     if len(np.unique(all_idx)) != len(all_idx):

@@ -123,7 +123,9 @@ def train(
             group["lr"] = protocol.optimizer.lr * lr_factor(protocol, epoch, total / per_epoch)
         idx = torch.from_numpy(sampler.next_batch())
         x = backbone.prepare(images[idx].to(device, non_blocking=True))
-        batch = Batch(labels_t[idx.to(device)], None if coarse_t is None else coarse_t[idx.to(device)])
+        batch = Batch(
+            labels_t[idx.to(device)], None if coarse_t is None else coarse_t[idx.to(device)]
+        )
         out = method.head(backbone(x))
         mined: Mined | None = None
         if method.miner is not None:

@@ -115,7 +115,9 @@ def test_bad_input_is_one_line(args: list[str], fragments: list[str]):
 def test_evaluate_mismatched_counts_is_one_line(tmp_path: Path):
     np.save(tmp_path / "e.npy", np.zeros((4, 2), dtype=np.float32))
     np.save(tmp_path / "l.npy", np.zeros(3, dtype=np.int64))
-    proc = cli("evaluate", "--embeddings", str(tmp_path / "e.npy"), "--labels", str(tmp_path / "l.npy"))
+    proc = cli(
+        "evaluate", "--embeddings", str(tmp_path / "e.npy"), "--labels", str(tmp_path / "l.npy")
+    )
     assert_one_line_error(proc, "4", "3")
 
 

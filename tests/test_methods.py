@@ -89,7 +89,9 @@ def test_hyperparameter_overrides_are_checked():
     spec = METHODS.get("contrastive")
     assert spec.defaults() == {"margin": 1.0}
     assert spec.hyperparameters({"margin": 0.5}) == {"margin": 0.5}
-    with pytest.raises(HarnessError, match="no hyperparameter 'margn' \\(did you mean 'margin'\\?\\)"):
+    with pytest.raises(
+        HarnessError, match="no hyperparameter 'margn' \\(did you mean 'margin'\\?\\)"
+    ):
         spec.hyperparameters({"margn": 0.5})
 
 

@@ -41,8 +41,12 @@ def test_atomic_write_never_leaves_half_a_file(tmp_path: Path):
 
 
 def test_leaderboard_mean_std_over_seeds_and_failures_shown():
-    text = render([run("a", 0, 0.5), run("a", 1, 0.7), run("b", 0, 0.9), run("c", 0, 0, status="failed")])
-    lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    text = render(
+        [run("a", 0, 0.5), run("a", 1, 0.7), run("b", 0, 0.9), run("c", 0, 0, status="failed")]
+    )
+    lines = {
+        line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")
+    }
     # mean 60.0, sample std of (50, 70) = 14.1
     assert "60.0 ± 14.1" in lines["a"] and "| 2 " in lines["a"]
     assert "90.0" in lines["b"]

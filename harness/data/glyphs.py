@@ -287,9 +287,7 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-def eligible_code_points(
-    min_fonts: int = 8, cache_dir: Path | None = None
-) -> dict[int, list[int]]:
+def eligible_code_points(min_fonts: int = 8, cache_dir: Path | None = None) -> dict[int, list[int]]:
     """Eligible code point -> indices into FONT_FILES of the fonts drawing it (cached as JSON)."""
     paths = font_paths()
     key = _digest(
@@ -343,8 +341,12 @@ def augment(crop: np.ndarray, image_size: int, rng: np.random.Generator) -> np.n
     half_h = abs(sin) * w / 2 + abs(cos) * h / 2
     limit = canvas / 2 - SUPERSAMPLE  # keep one output pixel of margin
     scale = min(scale, limit / max(half_w, half_h))
-    dx = float(np.clip(shift[0], -max(0.0, limit - scale * half_w), max(0.0, limit - scale * half_w)))
-    dy = float(np.clip(shift[1], -max(0.0, limit - scale * half_h), max(0.0, limit - scale * half_h)))
+    dx = float(
+        np.clip(shift[0], -max(0.0, limit - scale * half_w), max(0.0, limit - scale * half_w))
+    )
+    dy = float(
+        np.clip(shift[1], -max(0.0, limit - scale * half_h), max(0.0, limit - scale * half_h))
+    )
     # Inverse map, output (x, y) -> input: in = c_in + R(-angle) (out - c_out) / scale.
     cx, cy = canvas / 2 + dx, canvas / 2 + dy
     a, b = cos / scale, sin / scale
@@ -474,7 +476,7 @@ def build(
         images = render_classes(classes, fonts_of, images_per_class, image_size, seed)
         blocks = [block_of(cp) for cp in classes]
         if None in blocks:
-            missing = [class_name(cp) for cp, b in zip(classes, blocks) if b is None]
+            missing = [class_name(cp) for cp, b in zip(classes, blocks, strict=True) if b is None]
             raise RuntimeError(f"glyphs: no Unicode block for {missing[:3]}; extend BLOCKS")
         coarse_names = sorted(set(blocks), key=block_start)
         arrays = {

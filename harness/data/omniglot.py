@@ -220,8 +220,14 @@ def build(
 ) -> LabelledImages:
     """Omniglot from the official archives under data_root; see the module docstring."""
     names = _archive_names(archives)
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or not 8 <= image_size <= 512:
-        raise HarnessError(f"omniglot: image_size must be an integer from 8 to 512, got {image_size!r}")
+    if (
+        isinstance(image_size, bool)
+        or not isinstance(image_size, int)
+        or not 8 <= image_size <= 512
+    ):
+        raise HarnessError(
+            f"omniglot: image_size must be an integer from 8 to 512, got {image_size!r}"
+        )
     if not isinstance(download, bool):
         raise HarnessError(f"omniglot: download must be true or false, got {download!r}")
     cache_dir = Path(cache_dir)
