@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -98,18 +99,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     log.info(
         "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)
     )
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         counts = sweep(specs, progress=not args.quiet)
     except KeyboardInterrupt:
         print(
-            "\ninterrupted: finished runs are saved; run the same command again to resume "
-            "(finished runs are skipped)",
+            "\ninterrupted: finished runs and the last epoch checkpoint are saved; run the "
+            "same command again to resume",
             file=sys.stderr,
         )
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     path = write_leaderboard(Path(args.results_dir))
     print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: {path}")
     return 0 if counts.get("failed", 0) == 0 else 1
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM stops a sweep like Ctrl-C: cleanly, resumable."""
+    raise KeyboardInterrupt
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

@@ -12,7 +12,11 @@ import dataclasses
 import inspect
 import json
 import logging
+import os
+import socket
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,7 +31,7 @@ from harness.backbones import build_backbone
 from harness.data import DATASETS, LabelledImages, default_cache_dir
 from harness.errors import HarnessError
 from harness.evaluate import evaluate
-from harness.method import METHODS, MethodContext
+from harness.method import METHODS, MethodContext, MethodSpec
 from harness.protocol import Protocol, load_protocol
 from harness.registry import closest
 from harness.results import RESULT_SCHEMA, environment, read_result, result_path, write_json_atomic
@@ -157,7 +161,44 @@ def archive(path: Path, results_dir: Path) -> Path:
     return target
 
 
-def execute(spec: RunSpec, progress: bool = True) -> tuple[str, Path]:
+def checkpoint_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
+    return results_dir / "checkpoints" / protocol / method / f"seed{seed}.pt"
+
+
+@contextmanager
+def run_lock(path: Path) -> Iterator[bool]:
+    """An exclusive lock file next to the result: yields False if a live process holds it,
+    so two sweeps sharing a results folder never run (or write) the same run at once."""
+    lock = path.with_name(path.stem + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().split()[0])
+                os.kill(pid, 0)  # raises if that process is gone
+                yield False
+                return
+            except (ValueError, IndexError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # stale: its owner died (kill -9)
+                continue
+            except PermissionError:
+                yield False
+                return
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
+        try:
+            yield True
+        finally:
+            lock.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def execute(
+    spec: RunSpec, progress: bool = True, on_epoch_end: Callable[[int], None] | None = None
+) -> tuple[str, Path]:
     """Run one spec unless an identical finished result exists; returns (status, path)."""
     protocol = load_protocol(spec.protocol)
     method_spec = METHODS.get(spec.method)
@@ -175,11 +216,31 @@ def execute(spec: RunSpec, progress: bool = True) -> tuple[str, Path]:
         "seed": spec.seed,
         "training": {"max_steps": spec.max_steps},
     }  # fmt: skip
-    if path.exists():
-        old = read_result(path)
-        if _same_run(old, record) and not spec.force:
-            return "skipped", path
-        log.info("archived the previous result to %s", archive(path, results_dir))
+    if path.exists() and not spec.force and _same_run(read_result(path), record):
+        return "skipped", path
+    with run_lock(path) as locked:
+        if not locked:
+            log.warning("%s is being run by another process; skipping it here", path)
+            return "running_elsewhere", path
+        if path.exists():
+            old = read_result(path)
+            if _same_run(old, record) and not spec.force:
+                return "skipped", path  # finished by another process meanwhile
+            log.info("archived the previous result to %s", archive(path, results_dir))
+        return _execute(spec, protocol, method_spec, hyper, record, path, progress, on_epoch_end)
+
+
+def _execute(
+    spec: RunSpec,
+    protocol: Protocol,
+    method_spec: MethodSpec,
+    hyper: dict[str, Any],
+    record: dict[str, Any],
+    path: Path,
+    progress: bool,
+    on_epoch_end: Callable[[int], None] | None,
+) -> tuple[str, Path]:
+    results_dir = Path(spec.results_dir)
     device = resolve_device(spec.device)
     prepared = prepare_data(protocol, spec.data_root)
     data, split = prepared.data, prepared.split
@@ -209,12 +270,17 @@ def execute(spec: RunSpec, progress: bool = True) -> tuple[str, Path]:
     if method.loss is not None:
         method.loss.to(device)
     train_coarse = None if data.coarse_labels is None else data.coarse_labels[split.train]
+    ckpt = checkpoint_path(results_dir, protocol.name, spec.method, spec.seed)
+    identity = json.dumps([record["protocol"]["hash"], record["method"], spec.seed,
+                           spec.max_steps], sort_keys=True)  # fmt: skip
     try:
         stats = train(backbone, method, data.images[split.train], contiguous(train_labels),
-                      train_coarse, protocol, spec.seed, device, spec.max_steps, progress)  # fmt: skip
+                      train_coarse, protocol, spec.seed, device, spec.max_steps, progress,
+                      checkpoint=ckpt, identity=identity, on_epoch_end=on_epoch_end)  # fmt: skip
     except TrainingFailed as exc:
         record.update(status="failed", failure=str(exc))
         write_json_atomic(path, record)
+        ckpt.unlink(missing_ok=True)
         return "failed", path
     metrics, eval_timings = evaluate(backbone, method, data.images[split.test],
                                      data.labels[split.test], protocol, device, spec.seed)  # fmt: skip
@@ -228,9 +294,11 @@ def execute(spec: RunSpec, progress: bool = True) -> tuple[str, Path]:
     record["training"].update(steps=stats.steps, epochs=round(stats.epochs, 3),
                               epoch_loss=[round(v, 6) for v in stats.epoch_loss],
                               epoch_seconds=[round(v, 3) for v in stats.epoch_seconds])  # fmt: skip
+    record["training"]["resumed_from_step"] = stats.resumed_from_step
     record["retrieval"] = "learned_scorer" if method.scorer else "euclidean"
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     write_json_atomic(path, record)
+    ckpt.unlink(missing_ok=True)
     return "ok", path
 
 

@@ -75,6 +75,19 @@ class PKSampler:
             chosen.append(c)
         return chosen
 
+    def state_dict(self) -> dict[str, object]:
+        """Everything needed to continue the exact same batch sequence after a resume."""
+        return {
+            "rng": self.rng.bit_generator.state,
+            "queues": {c: list(q) for c, q in self._queues.items()},
+            "class_queue": list(self._class_queue),
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self._queues = {int(c): list(q) for c, q in state["queues"].items()}
+        self._class_queue = list(state["class_queue"])
+
     def next_batch(self) -> np.ndarray:
         return np.array([i for c in self._next_classes() for i in self._take(c)], dtype=np.int64)
 

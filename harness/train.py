@@ -1,15 +1,24 @@
 """One generic training loop: P x K batches -> backbone -> head -> miner -> loss -> step.
 
 No branch here knows which method it trains; everything method-specific comes through the
-Method contract. Mining and loss are timed separately for the cost comparison.
+Method contract. Mining and loss are timed separately for the cost comparison. At the end
+of every epoch the whole training state (weights, optimizer, sampler and RNG state) is
+checkpointed atomically, so an interrupted run resumes where it stopped and ends with the
+same numbers as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,9 +33,13 @@ from harness.timing import PhaseTimer
 
 log = logging.getLogger(__name__)
 
+# A miner that finds nothing for this many consecutive steps has stopped training the model.
+MAX_EMPTY_STEPS = 50
+
 
 class TrainingFailed(Exception):
-    """The run cannot go on (non-finite loss); the reason goes into its result file."""
+    """The run cannot go on (non-finite loss, a miner that finds nothing); the reason goes
+    into its result file."""
 
 
 @dataclass
@@ -41,6 +54,7 @@ class TrainStats:
     tuples_mined: int = 0
     pair_scores_evaluated: int = 0
     empty_steps: int = 0
+    resumed_from_step: int = 0
     epoch_loss: list[float] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
 
@@ -80,6 +94,34 @@ def lr_factor(protocol: Protocol, epoch: float, total_epochs: float) -> float:
     return 1.0
 
 
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Atomic: a unique temporary file in the same folder, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path | None, identity: str) -> dict[str, Any] | None:
+    """The checkpoint at `path` if it belongs to this very run (same identity), else None."""
+    if path is None or not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # a checkpoint cut short by a crash: start afresh, say so
+        log.warning("ignoring unreadable checkpoint %s (%s)", path, exc)
+        return None
+    if state.get("identity") != identity:
+        log.warning("ignoring checkpoint %s: it belongs to another run configuration", path)
+        return None
+    return state
+
+
 def train(
     backbone: Backbone,
     method: Method,
@@ -91,10 +133,15 @@ def train(
     device: torch.device,
     max_steps: int | None = None,
     progress: bool = True,
+    checkpoint: Path | None = None,
+    identity: str = "",
+    on_epoch_end: Callable[[int], None] | None = None,
 ) -> TrainStats:
     """Train backbone + method in place on the training split under the protocol's budget.
 
     labels are contiguous training-class ids; images are uint8 [N, C, S, S] at input size.
+    With `checkpoint`, the state is saved there after every epoch and, if a checkpoint of
+    the same `identity` exists, training resumes from it.
     """
     stats = TrainStats()
     if not method.trains:
@@ -103,29 +150,45 @@ def train(
         labels, protocol.sampler.classes_per_batch, protocol.sampler.images_per_class, seed
     )
     per_epoch = sampler.batches_per_epoch
-    budget = protocol.budget
-    total = budget.steps or budget.epochs * per_epoch
+    total = protocol.budget.steps or protocol.budget.epochs * per_epoch
     if max_steps is not None:
         total = min(total, max_steps)
     modules = nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
     params = [p for p in modules.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, protocol)
+    first_step, elapsed = 0, 0.0
+    state = load_checkpoint(checkpoint, identity)
+    if state is not None:
+        modules.load_state_dict(state["modules"])
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        stats = TrainStats(**state["stats"])
+        first_step, elapsed = stats.steps, stats.train_seconds
+        stats.resumed_from_step = first_step
+        log.info("resuming from %s at step %d/%d", checkpoint, first_step, total)
     labels_t = torch.as_tensor(labels, device=device)
     coarse_t = None if coarse_labels is None else torch.as_tensor(coarse_labels, device=device)
     timer = PhaseTimer(device)
+    timer.seconds["mining"], timer.seconds["loss"] = stats.mining_seconds, stats.loss_seconds
     modules.train()
-    running, in_epoch, epoch_start = 0.0, 0, time.perf_counter()
-    bar = tqdm(total=total, desc="train", unit="step", disable=not progress, leave=False)
+    running, in_epoch, consecutive_empty = 0.0, 0, 0
+    bar = tqdm(
+        total=total, initial=first_step, desc="train", unit="step", disable=not progress,
+        leave=False,
+    )  # fmt: skip
     start = timer.now()
-    for step in range(total):
+    epoch_start = time.perf_counter()
+    for step in range(first_step, total):
         epoch = step / per_epoch
         for group in optimizer.param_groups:
             group["lr"] = protocol.optimizer.lr * lr_factor(protocol, epoch, total / per_epoch)
         idx = torch.from_numpy(sampler.next_batch())
         x = backbone.prepare(images[idx].to(device, non_blocking=True))
-        batch = Batch(
-            labels_t[idx.to(device)], None if coarse_t is None else coarse_t[idx.to(device)]
-        )
+        idx_dev = idx.to(device)
+        batch = Batch(labels_t[idx_dev], None if coarse_t is None else coarse_t[idx_dev])
         out = method.head(backbone(x))
         mined: Mined | None = None
         if method.miner is not None:
@@ -144,28 +207,51 @@ def train(
         if loss.requires_grad and (mined is None or mined.count() > 0):
             loss.backward()
             optimizer.step()
+            consecutive_empty = 0
         else:
             stats.empty_steps += 1
+            consecutive_empty += 1
+            if consecutive_empty >= MAX_EMPTY_STEPS:
+                raise TrainingFailed(
+                    f"the miner found no tuples for {consecutive_empty} consecutive steps "
+                    f"(until step {step}): nothing left to train on"
+                )
         stats.steps += 1
         stats.images += len(idx)
         running += value
         in_epoch += 1
         bar.update(1)
-        bar.set_postfix(epoch=f"{epoch + 1 / per_epoch:.1f}", loss=f"{value:.4f}", refresh=False)
-        if in_epoch == per_epoch or step == total - 1:
+        bar.set_postfix(epoch=f"{(step + 1) / per_epoch:.1f}", loss=f"{value:.4f}", refresh=False)
+        if (step + 1) % per_epoch == 0 or step == total - 1:
             now = time.perf_counter()
             stats.epoch_loss.append(running / in_epoch)
             stats.epoch_seconds.append(now - epoch_start)
+            stats.train_seconds = elapsed + timer.now() - start
+            stats.mining_seconds = timer.seconds["mining"]
+            stats.loss_seconds = timer.seconds["loss"]
+            stats.epochs = stats.steps / per_epoch
             done = (step + 1) / total
-            eta = (now - start) * (1 - done) / done
+            eta = stats.train_seconds * (1 - done) / done
             log.info(
                 "epoch %d/%d  loss %.4f  %.1fs  eta %.0fs",
                 len(stats.epoch_loss), math.ceil(total / per_epoch), stats.epoch_loss[-1],
                 now - epoch_start, eta,
             )  # fmt: skip
-            running, in_epoch, epoch_start = 0.0, 0, now
+            if checkpoint is not None and step < total - 1:
+                save_checkpoint(checkpoint, {
+                    "identity": identity,
+                    "modules": modules.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "sampler": sampler.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                    "stats": dataclasses.asdict(stats),
+                })  # fmt: skip
+            if on_epoch_end is not None:
+                on_epoch_end(len(stats.epoch_loss))
+            running, in_epoch, epoch_start = 0.0, 0, time.perf_counter()
     bar.close()
-    stats.train_seconds = timer.now() - start
+    stats.train_seconds = elapsed + timer.now() - start
     stats.mining_seconds = timer.seconds["mining"]
     stats.loss_seconds = timer.seconds["loss"]
     stats.epochs = stats.steps / per_epoch

@@ -37,7 +37,8 @@ Each image: the glyph is rasterised at a fixed em size (80% of the canvas; shrun
 ink would not fit 75% of the canvas, so a full stop stays smaller than a capital), centred by its
 ink bounding box on a canvas twice the output size, then a seeded affine (rotation +-12 degrees,
 scale 0.75-1.05, shift up to 7% of the canvas, never pushing ink off the canvas), with probability
-0.2 each a 3x3 dilation or erosion (thicker or thinner strokes), then a 2x2 box reduction to the
+0.2 each a 3x3 dilation or erosion (thicker or thinner strokes; an erosion that would remove
+more than half the ink is skipped), then a 2x2 box reduction to the
 output size. uint8, white glyph (255) on black, shape [N, 1, S, S]. The augmentation generator is
 seeded from (seed, code point, image index), so no image depends on the order of processing.
 
@@ -69,7 +70,7 @@ from harness.errors import HarnessError
 log = logging.getLogger(__name__)
 
 # Bump when anything that changes the pixels, the eligible set or the class choice changes.
-GLYPHS_VERSION = 1
+GLYPHS_VERSION = 2
 
 FONT_FILES: tuple[str, ...] = (
     "DejaVuSans.ttf",
@@ -142,8 +143,10 @@ def _open_fonts(paths: list[Path]) -> list:
 
 
 def _load_flags():
-    from matplotlib.ft2font import LoadFlags
-
+    try:
+        from matplotlib.ft2font import LoadFlags
+    except ImportError:  # matplotlib < 3.10 takes the plain FreeType constant
+        return 0x2  # FT_LOAD_NO_HINTING
     return LoadFlags.NO_HINTING
 
 
@@ -352,7 +355,7 @@ def augment(crop: np.ndarray, image_size: int, rng: np.random.Generator) -> np.n
     a, b = cos / scale, sin / scale
     d, e = -sin / scale, cos / scale
     coeffs = (a, b, w / 2 - a * cx - b * cy, d, e, h / 2 - d * cx - e * cy)
-    img = Image.fromarray(crop, mode="L").transform(
+    img = Image.fromarray(crop).transform(
         (canvas, canvas),
         Image.Transform.AFFINE,
         coeffs,
@@ -363,7 +366,9 @@ def augment(crop: np.ndarray, image_size: int, rng: np.random.Generator) -> np.n
         img = img.filter(ImageFilter.MaxFilter(3))
     elif stroke < P_DILATE + P_ERODE:
         thinner = img.filter(ImageFilter.MinFilter(3))
-        if np.asarray(thinner).max() >= 128:  # never erode a glyph away
+        # Thin only strokes that survive it: keep at least half the ink (hairlines would vanish).
+        ink = np.asarray(img, dtype=np.int64).sum()
+        if np.asarray(thinner, dtype=np.int64).sum() * 2 >= ink:
             img = thinner
     return np.asarray(img.reduce(SUPERSAMPLE), dtype=np.uint8)
 
@@ -486,7 +491,7 @@ def build(
             "coarse_names": np.asarray(coarse_names),
             "class_coarse": np.asarray([coarse_names.index(b) for b in blocks], np.int64),
         }
-        _atomic_write(path, lambda f: np.savez(f, **arrays))
+        _atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
         log.info("glyphs: built %s in %.1f s", path, time.perf_counter() - start)
 
     images = arrays["images"]

@@ -162,7 +162,7 @@ def _decode(data: bytes, where: str, image_size: int) -> np.ndarray:
             f"omniglot: cannot decode {where} ({type(e).__name__}: {e}); the archive is "
             "corrupt or truncated, download it again"
         ) from e
-    inverted = Image.fromarray(255 - gray, mode="L")  # strokes high on black
+    inverted = Image.fromarray(255 - gray)  # strokes high on black
     return np.asarray(inverted.resize((image_size, image_size), Image.Resampling.BOX))
 
 
@@ -202,7 +202,7 @@ def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez_compressed(f, **arrays)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
