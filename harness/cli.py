@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +40,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump), status 2, like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m harness", description=__doc__.splitlines()[0])
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     run = sub.add_parser("run", help="train and evaluate methods under a protocol")
     which = run.add_mutually_exclusive_group(required=True)
@@ -69,6 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     lb = sub.add_parser("leaderboard", help="regenerate results/LEADERBOARD.md")
     lb.add_argument("--results-dir", default="results")
+
+    ck = sub.add_parser("check", help="CI regression check of every method's metrics")
+    ck.add_argument("--protocol", default="regression")
+    ck.add_argument("--methods", help="NAME[,NAME...] (default: every registered method)")
+    ck.add_argument(
+        "--baselines", type=Path, help="folder of baseline files (default: results/baselines)"
+    )
+    ck.add_argument("--update", action="store_true", help="rewrite the baselines from this run")
+    ck.add_argument("--reason", help="why the baselines change (required with --update)")
+    ck.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
     val = sub.add_parser("validate", help="check protocol files")
     val.add_argument("paths", nargs="*", help="default: every shipped protocol")
@@ -196,6 +215,25 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    import methods  # noqa: F401
+    from harness.check import BASELINE_DIR, check
+
+    if args.update and not args.reason:
+        raise HarnessError("--update needs --reason TEXT saying why the baselines change")
+    if args.reason and not args.update:
+        raise HarnessError("--reason goes with --update")
+    names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    start = time.perf_counter()
+    passed, report = check(
+        args.protocol, names, args.baselines or BASELINE_DIR,
+        args.reason if args.update else None, args.device,
+    )  # fmt: skip
+    print(report)
+    print(f"({time.perf_counter() - start:.0f} s)")
+    return 0 if passed else 1
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from harness.protocol import PROTOCOL_DIR, load_protocol
 
@@ -217,6 +255,7 @@ COMMANDS = {
     "ls": cmd_ls,
     "evaluate": cmd_evaluate,
     "leaderboard": cmd_leaderboard,
+    "check": cmd_check,
     "validate": cmd_validate,
 }
 

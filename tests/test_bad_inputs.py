@@ -1,0 +1,194 @@
+"""The bad-input corpus: each case must end in exactly one line `error: ...` that says what is
+wrong (and usually how to fix it), exit status 2, and no traceback. Cases run in-process
+through the CLI's main(); tests/test_cli.py checks a few of them as real processes."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = yaml.safe_load((REPO / "protocols" / "smoke.yaml").read_text())
+PNG_1PX = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010800000000"
+    "3a7e9b550000000a49444154789c63f80f00010101001e2e1c340000000049454e44ae426082"
+)
+
+
+def protocol(
+    tmp: Path, change: Callable[[dict], None] | None = None, text: str | None = None
+) -> str:
+    data = yaml.safe_load(yaml.safe_dump(SMOKE))
+    if change:
+        change(data)
+    path = tmp / "p.yaml"
+    path.write_text(text if text is not None else yaml.safe_dump(data))
+    return str(path)
+
+
+def setkey(path: str, value) -> Callable[[dict], None]:
+    def change(data: dict) -> None:
+        *parents, last = path.split(".")
+        node = data
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+
+    return change
+
+
+def delkey(key: str) -> Callable[[dict], None]:
+    return lambda data: data.pop(key)
+
+
+def run_with(change=None, text=None, extra=()):
+    def args(tmp: Path) -> list[str]:
+        return ["run", "--all", "--protocol", protocol(tmp, change, text),
+                "--results-dir", str(tmp / "results"), *extra]  # fmt: skip
+
+    return args
+
+
+def omniglot_zip(tmp: Path, files: dict[str, bytes]) -> Path:
+    root = tmp / "omni"
+    root.mkdir()
+    with zipfile.ZipFile(root / "images_background_small1.zip", "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return root
+
+
+def omniglot_run(files: dict[str, bytes]):
+    def args(tmp: Path) -> list[str]:
+        root = omniglot_zip(tmp, files)
+        return ["run", "--method", "untrained", "--protocol", "omniglot", "--data-root",
+                str(root), "--results-dir", str(tmp / "results")]  # fmt: skip
+
+    return args
+
+
+def arrays(**named: np.ndarray):
+    """evaluate with .npy files written from the given arrays (e=..., l=..., q=..., ql=...)."""
+
+    def args(tmp: Path) -> list[str]:
+        flags = {"e": "--embeddings", "l": "--labels", "q": "--query-embeddings",
+                 "ql": "--query-labels"}  # fmt: skip
+        out = ["evaluate"]
+        for key, value in named.items():
+            path = tmp / f"{key}.npy"
+            np.save(path, value)
+            out += [flags[key], str(path)]
+        return out
+
+    return args
+
+
+def fixed(*argv: str):
+    return lambda tmp: list(argv)
+
+
+def corrupt_results(tmp: Path) -> list[str]:
+    bad = tmp / "r" / "runs" / "smoke" / "contrastive" / "seed0.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"schema": 1, "status": "ok", ')
+    return ["leaderboard", "--results-dir", str(tmp / "r")]
+
+
+def empty_results(tmp: Path) -> list[str]:
+    (tmp / "empty").mkdir()
+    return ["leaderboard", "--results-dir", str(tmp / "empty")]
+
+
+E = np.zeros((4, 2), dtype=np.float32)
+L = np.array([0, 0, 1, 1])
+CASES = {
+    # names: methods, protocols, datasets, backbones
+    "unknown method": (fixed("run", "--method", "tripplet", "--protocol", "smoke"), "did you mean 'triplet'"),
+    "unknown protocol": (fixed("run", "--all", "--protocol", "defualt"), "did you mean 'default'"),
+    "protocol file missing": (fixed("run", "--all", "--protocol", "/no/such/p.yaml"), "does not exist"),
+    "unknown dataset": (run_with(setkey("dataset.name", "glyph")), "did you mean 'glyphs'"),
+    "unknown dataset param": (run_with(setkey("dataset.params.num_clases", 3)), "did you mean 'num_classes'"),
+    "unknown backbone": (run_with(setkey("backbone.name", "resnet19")), "unknown backbone 'resnet19'"),
+    "unknown backbone param": (run_with(setkey("backbone.params.widht", 3)), "bad backbone.params"),
+    "override for unknown method": (run_with(setkey("methods.contrastve", {})), "did you mean 'contrastive'"),
+    "unknown hyperparameter": (run_with(setkey("methods.contrastive", {"margn": 1})), "did you mean 'margin'"),
+    # YAML keys, types and ranges
+    "misspelt top-level key": (run_with(setkey("embeding_dim", 8)), "did you mean 'embedding_dim'"),
+    "misspelt nested key": (run_with(setkey("sampler.images_per_clas", 4)), "did you mean 'images_per_class'"),
+    "batch_size instead of P x K": (run_with(setkey("sampler.batch_size", 16)), "unknown key 'batch_size'"),
+    "missing required key": (run_with(delkey("sampler")), "missing required key 'sampler'"),
+    "wrong type": (run_with(setkey("embedding_dim", "sixteen")), "expected int"),
+    "bool for an int": (run_with(setkey("backbone.input_size", True)), "expected int"),
+    "list expected": (run_with(setkey("seeds", 0)), "expected a list"),
+    "embedding dim 0": (run_with(setkey("embedding_dim", 0)), "embedding_dim must be >= 1"),
+    "negative K": (run_with(setkey("sampler.images_per_class", -4)), "images_per_class (K) must be at least 2"),
+    "K larger than the smallest class": (run_with(setkey("sampler.images_per_class", 9)), "fewer than images_per_class=9"),
+    "P larger than the classes": (run_with(setkey("sampler.classes_per_batch", 40)), "lower sampler.classes_per_batch"),
+    "train fraction out of range": (run_with(setkey("split.train_fraction", 1.0)), "train_fraction must be in (0, 1)"),
+    "both epochs and steps": (run_with(setkey("budget", {"epochs": 1, "steps": 1})), "exactly one of epochs or steps"),
+    "no budget": (run_with(setkey("budget", {})), "exactly one of epochs or steps"),
+    "negative lr": (run_with(setkey("optimizer.lr", -0.1)), "lr must be positive"),
+    "unknown optimizer": (run_with(setkey("optimizer.name", "rmsprop")), "adam, adamw or sgd"),
+    "schema version": (run_with(setkey("schema", 2)), "schema 2 is not supported"),
+    "malformed YAML with line": (run_with(text="name: x\nsampler: {a: 1,\n  b: [\n"), "p.yaml:"),
+    "YAML not a mapping": (run_with(text="- just\n- a list\n"), "must be a YAML mapping"),
+    "too many glyph classes": (run_with(setkey("dataset.params.num_classes", 99999)), "num_classes"),
+    "empty dataset (no classes)": (run_with(setkey("dataset.params.num_classes", 0)), "num_classes"),
+    # data on disk
+    "missing data root": (fixed("run", "--method", "untrained", "--protocol", "omniglot"), "--data-root"),
+    "data root not a directory": (fixed("run", "--all", "--protocol", "smoke", "--data-root", "/no/dir"), "is not a directory"),
+    "archive missing in data root": (lambda tmp: ["run", "--method", "untrained", "--protocol", "omniglot", "--data-root", str(tmp)], "images_background_small1"),
+    "archive with no images": (omniglot_run({"images_background_small1/README": b"x"}), "images_background_small1"),
+    "truncated image": (omniglot_run({"images_background_small1/Alpha/character01/0101_01.png": PNG_1PX[:30]}), "character01/0101_01.png"),
+    "archive not a zip": (lambda tmp: (tmp / "images_background_small1.zip").write_bytes(b"no zip") and ["run", "--method", "untrained", "--protocol", "omniglot", "--data-root", str(tmp)], "images_background_small1.zip"),
+    # results
+    "unreadable results file": (corrupt_results, "unreadable result file"),
+    "leaderboard over empty folder": (empty_results, "no run results"),
+    # evaluate
+    "mismatched counts": (arrays(e=E, l=np.array([0, 0, 1])), "4"),
+    "NaN in embeddings": (arrays(e=np.array([[0.0, np.nan], [1, 1], [2, 2], [3, 3]], dtype=np.float32), l=L), "NaN"),
+    "3-D embeddings": (arrays(e=np.zeros((4, 2, 2), dtype=np.float32), l=L), "2-D"),
+    "2-D labels": (arrays(e=E, l=np.zeros((4, 2), dtype=np.int64)), "1-D"),
+    "query dims differ": (arrays(e=E, l=L, q=np.zeros((2, 3), dtype=np.float32), ql=np.array([0, 1])), "dimension"),
+    "query without labels": (arrays(e=E, l=L, q=E), "--query-labels"),
+    "embeddings file missing": (fixed("evaluate", "--embeddings", "/no/e.npy", "--labels", "/no/l.npy"), "does not exist"),
+    "not an npy file": (lambda tmp: (tmp / "e.npy").write_text("hello") and ["evaluate", "--embeddings", str(tmp / "e.npy"), "--labels", str(tmp / "e.npy")], "not a readable .npy"),
+    # flags
+    "seeds not integers": (fixed("run", "--all", "--seeds", "0,one"), "comma-separated integers"),
+    "max steps zero": (fixed("run", "--all", "--max-steps", "0"), "positive integer"),
+    "cuda without a GPU": (fixed("run", "--all", "--protocol", "smoke", "--device", "cuda"), "no CUDA GPU"),
+    "unknown command": (fixed("trian"), "invalid choice"),
+    "check update without reason": (fixed("check", "--update"), "--reason"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_gets_one_line_error(name: str, tmp_path: Path, capsys, monkeypatch):
+    make_args, fragment = CASES[name]
+    if name == "cuda without a GPU":
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    args = make_args(tmp_path)
+    try:
+        code = main(["-q", *args])
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert fragment in lines[0], lines[0]
+    # nothing half-written: no result files from a run that failed on bad input
+    assert not list((tmp_path / "results").rglob("seed*.json"))
+
+
+def test_corpus_is_large_enough():
+    assert len(CASES) >= 30
