@@ -4,7 +4,6 @@ through the CLI's main(); tests/test_cli.py checks a few of them as real process
 
 from __future__ import annotations
 
-import io
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
