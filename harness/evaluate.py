@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from harness.backbones import Backbone
-from harness.method import Method
+from harness.method import Method, Scorer
 from harness.metrics import compute_metrics
 from harness.protocol import Protocol
 
@@ -42,12 +42,15 @@ def evaluate(
     embed_seconds = time.perf_counter() - start
     if method.loss is not None:
         method.loss.eval()  # a learned scorer (e.g. a PDDM unit) must not apply dropout
+    scorer = method.scorer
+    if scorer is not None and protocol.evaluation.scorer_mode == "rerank":
+        scorer = rerank(scorer, protocol.evaluation.rerank_top)
     metrics = compute_metrics(
         embeddings,
         torch.as_tensor(labels),
         recall_ks=tuple(protocol.evaluation.recall_ks),
         metrics=_expand(protocol),
-        scorer=method.scorer,
+        scorer=scorer,
         seed=seed,
         device=device,
     )
@@ -56,6 +59,38 @@ def evaluate(
         "eval_seconds": round(time.perf_counter() - start, 3),
     }
     return metrics, timings
+
+
+def retrieval_record(method: Method, protocol: Protocol, n_queries: int) -> dict[str, object]:
+    """How the ranking was made, and how many learned-score evaluations it cost."""
+    if method.scorer is None:
+        return {"ranking": "euclidean"}
+    mode = protocol.evaluation.scorer_mode
+    per_query = (
+        (n_queries - 1) if mode == "exact" else min(protocol.evaluation.rerank_top, n_queries - 1)
+    )
+    return {"ranking": "learned_scorer", "mode": mode, "rerank_top": protocol.evaluation.rerank_top
+            if mode == "rerank" else None, "pair_scores": n_queries * per_query}  # fmt: skip
+
+
+def rerank(scorer: Scorer, top: int) -> Scorer:
+    """Score only each query's `top` Euclidean nearest candidates with the learned scorer;
+    the rest keep their Euclidean order behind them (so full-ranking metrics stay defined).
+    Cost: O(n * top) learned scores instead of O(n^2)."""
+
+    def score(query: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
+        dist = torch.cdist(
+            query.double(), gallery.double()
+        )  # float64: the offset below keeps order
+        n = min(top, gallery.shape[0])
+        cand = dist.topk(n, dim=1, largest=False).indices
+        # everything behind the candidates: far below any learned score, in Euclidean order
+        out = -1e6 - dist
+        for row in range(query.shape[0]):
+            out[row, cand[row]] = scorer(query[row : row + 1], gallery[cand[row]])[0].double()
+        return out
+
+    return score
 
 
 def _expand(protocol: Protocol) -> list[str]:

@@ -136,10 +136,16 @@ class EvaluationSpec:
         ]
     )
     batch_size: int = 256
+    # How a method with a learned similarity (a scorer) ranks: "exact" scores every
+    # query x gallery pair; "rerank" scores only the rerank_top Euclidean candidates.
+    scorer_mode: str = "exact"
+    rerank_top: int = 100
 
     def __post_init__(self) -> None:
         _check(len(self.recall_ks) > 0 and min(self.recall_ks) >= 1, "recall_ks must be >= 1")
         _check(self.batch_size >= 1, "batch_size must be >= 1")
+        _check(self.scorer_mode in ("exact", "rerank"), "scorer_mode must be exact or rerank")
+        _check(self.rerank_top >= 1, "rerank_top must be >= 1")
 
 
 @dataclass(frozen=True)

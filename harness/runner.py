@@ -30,7 +30,7 @@ import harness
 from harness.backbones import build_backbone
 from harness.data import DATASETS, LabelledImages, default_cache_dir
 from harness.errors import HarnessError
-from harness.evaluate import evaluate
+from harness.evaluate import evaluate, retrieval_record
 from harness.method import METHODS, MethodContext, MethodSpec
 from harness.protocol import Protocol, load_protocol
 from harness.registry import closest
@@ -295,7 +295,7 @@ def _execute(
                               epoch_loss=[round(v, 6) for v in stats.epoch_loss],
                               epoch_seconds=[round(v, 3) for v in stats.epoch_seconds])  # fmt: skip
     record["training"]["resumed_from_step"] = stats.resumed_from_step
-    record["retrieval"] = "learned_scorer" if method.scorer else "euclidean"
+    record["retrieval"] = retrieval_record(method, protocol, len(split.test))
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     write_json_atomic(path, record)
     ckpt.unlink(missing_ok=True)
