@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.cost import add_parser as add_cost_parser
+from harness.cost import run_cost
 from harness.errors import HarnessError
 
 log = logging.getLogger("harness")
@@ -78,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     lb = sub.add_parser("leaderboard", help="regenerate results/LEADERBOARD.md")
     lb.add_argument("--results-dir", default="results")
+
+    add_cost_parser(sub)
 
     ck = sub.add_parser("check", help="CI regression check of every method's metrics")
     ck.add_argument("--protocol", default="regression")
@@ -256,6 +260,7 @@ COMMANDS = {
     "evaluate": cmd_evaluate,
     "leaderboard": cmd_leaderboard,
     "check": cmd_check,
+    "cost": run_cost,
     "validate": cmd_validate,
 }
 

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 from tabulate import tabulate
 
+from harness.cost import cost_section
 from harness.errors import HarnessError
 from harness.results import load_results
 
@@ -133,7 +134,7 @@ def write_leaderboard(results_dir: Path) -> Path:
             f"no run results under {Path(results_dir) / 'runs'}: run `python -m harness run` first"
         )
     path = Path(results_dir) / "LEADERBOARD.md"
-    text = render(runs)
+    text = render(runs) + cost_section(Path(results_dir))
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)

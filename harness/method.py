@@ -184,7 +184,7 @@ def register_method(
     """Register `build(ctx, **hyperparameters) -> Method`; bump `version` when results change."""
 
     def decorate(build: Callable[..., Method]) -> Callable[..., Method]:
-        doc = (inspect.getmodule(build).__doc__ or build.__doc__ or "").strip()
+        doc = (build.__doc__ or inspect.getmodule(build).__doc__ or "").strip()
         METHODS.add(
             name,
             MethodSpec(

@@ -6,6 +6,8 @@ MODULES = (
     "untrained",
     "contrastive",
     "triplet",
+    "lifted_structure",
+    "pddm",
 )
 
 for _name in MODULES:

@@ -1,0 +1,220 @@
+"""Figures: the cost of mining against the batch size, training curves, and the distances of
+positive and negative pairs (HDC's histogram).
+
+matplotlib through its object API and the Agg canvas: no pyplot, no display, no global
+backend switch, so this works in tests, on servers and inside other programs alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from harness.errors import HarnessError
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
+MAX_HISTOGRAM_ITEMS = 4000  # all pairs of 4000 items: 8 million distances
+
+
+def _save(fig: Figure, out_png: Path) -> Path:
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    tmp = out_png.with_name(f".{out_png.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    tmp.replace(out_png)
+    return out_png
+
+
+# matplotlib's default cycle without its grey (the guide lines are grey), then darker extras
+COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9",
+           "#000000", "#17365c", "#7a1f1f", "#2f5f1f", "#6b4a00", "#5a2a6e", "#00646e")  # fmt: skip
+
+
+def _style(i: int) -> dict[str, Any]:
+    """Distinct colour and marker per line, readable for up to ~20 methods."""
+    return {
+        "color": COLOURS[i % len(COLOURS)],
+        "marker": MARKERS[i % len(MARKERS)],
+        "linestyle": "-" if i < len(COLOURS) else "--",
+    }
+
+
+def _guides(ax: Axes, sizes: Sequence[float], anchor: float) -> None:
+    """Grey reference lines through (smallest m, anchor) growing as m and as m^2."""
+    m = np.array([min(sizes), max(sizes)], dtype=float)
+    for power, style in ((1, ":"), (2, "--")):
+        label = "∝ m" if power == 1 else "∝ m²"
+        ax.plot(m, anchor * (m / m[0]) ** power, style, color="0.55", lw=1.2, label=label)
+
+
+def _log_axes(ax: Axes, sizes: Sequence[int], ylabel: str, title: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(sizes))
+    ax.set_xticklabels([str(s) for s in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size m")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def cost_figure(record: dict[str, Any], out_png: Path) -> Path:
+    """From a cost record (results/cost/<protocol>.json): mining time, loss forward+backward
+    time and pair scores evaluated against m, log-log, one line per method, with m and m^2
+    guide lines. Methods without a miner have no mining line (nothing to draw on log axes)."""
+    sizes = record["settings"]["batch_sizes"]
+    panels = (
+        ("mining_ms", "milliseconds", "mining time"),
+        ("loss_ms", "milliseconds", "loss forward + backward time"),
+        ("evaluated", "pair distances / scores", "work of the miner (pairs evaluated)"),
+    )
+    fig = Figure(figsize=(15, 4.8))
+    axes = fig.subplots(1, 3)
+    handles: dict[str, Any] = {}
+    methods = [e for e in record["methods"] if e.get("status") == "ok"]
+    for ax, (key, ylabel, title) in zip(axes, panels, strict=True):
+        lowest = []
+        for i, entry in enumerate(methods):
+            cells = [c for c in entry["measurements"] if c.get(key)]
+            if not cells:
+                continue
+            xs = [c["batch_size"] for c in cells]
+            ys = [c[key] for c in cells]
+            (line,) = ax.plot(xs, ys, label=entry["method"], ms=5, lw=1.5, **_style(i))
+            handles.setdefault(entry["method"], line)
+            lowest.append(ys[0] if xs[0] == min(sizes) else ys[0] / (xs[0] / min(sizes)))
+        _log_axes(ax, sizes, ylabel, title)
+        if lowest:
+            _guides(ax, sizes, float(np.exp(np.mean(np.log(lowest)))))
+        else:
+            ax.text(0.5, 0.5, "nothing measured", ha="center", va="center",
+                    transform=ax.transAxes)  # fmt: skip
+    guide_handles = next(
+        (g for ax in axes if (g := [h for h in ax.get_lines() if h.get_label()[0] == "∝"])), []
+    )
+    p = record["protocol"]
+    device = record.get("environment", {}).get("hardware", {}).get("device", "?")
+    fig.suptitle(
+        f"Cost against batch size m = P x {record['settings']['images_per_class']} — protocol "
+        f"{p['name']} v{p['version']}, {device}, median of up to {record['settings']['repeats']} "
+        "repeats",
+        fontsize=12,
+    )
+    fig.legend(
+        list(handles.values()) + guide_handles,
+        list(handles) + [h.get_label() for h in guide_handles],
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        frameon=False,
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return _save(fig, out_png)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HarnessError(f"unreadable result file {path}: {exc}") from None
+
+
+def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | None = None) -> Path:
+    """Training loss against epoch from run results (results/runs/<protocol>/<method>/
+    seed<k>.json, `training.epoch_loss`), one line per method: the mean over its seeds (a
+    band from the lowest to the highest seed when there are several). Runs without a loss
+    curve (failed, untrained) are left out. Log y when every loss is positive, because the
+    methods' losses differ by orders of magnitude."""
+    curves: dict[str, list[list[float]]] = {}
+    protocols = set()
+    for path in result_paths:
+        result = _read(path)
+        losses = (result.get("training") or {}).get("epoch_loss") or []
+        if result.get("status") != "ok" or not losses:
+            continue
+        curves.setdefault(result["method"]["name"], []).append([float(v) for v in losses])
+        protocols.add(result["protocol"]["name"])
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
+    positive = all(v > 0 for runs in curves.values() for run in runs for v in run)
+    for i, (method, runs) in enumerate(sorted(curves.items())):
+        length = min(len(r) for r in runs)
+        values = np.array([r[:length] for r in runs])
+        epochs = np.arange(1, length + 1)
+        style = _style(i)
+        label = method if len(runs) == 1 else f"{method} ({len(runs)} seeds)"
+        ax.plot(epochs, values.mean(0), label=label, ms=4, lw=1.6, **style)
+        if len(runs) > 1:
+            ax.fill_between(epochs, values.min(0), values.max(0), color=style["color"], alpha=0.15)
+    if not curves:
+        ax.text(0.5, 0.5, "no finished run with a training loss", ha="center", va="center",
+                transform=ax.transAxes)  # fmt: skip
+    if positive and curves:
+        ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("mean training loss over the epoch")
+    ax.set_title(title or f"Training loss — {', '.join(sorted(protocols)) or 'no runs'}")
+    ax.grid(True, alpha=0.3)
+    if curves:
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out_png)
+
+
+def pair_distances(embeddings: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Euclidean distances of all positive (same label) and negative pairs i < j; above
+    MAX_HISTOGRAM_ITEMS items a fixed random subset of items is used."""
+    import torch
+
+    emb = torch.as_tensor(embeddings).detach().to("cpu", torch.float64)
+    lab = torch.as_tensor(labels).detach().to("cpu").reshape(-1)
+    if emb.ndim != 2 or len(emb) != len(lab):
+        raise HarnessError(
+            f"distance_histogram: embeddings must be [N, D] with N labels, got "
+            f"{tuple(emb.shape)} and {len(lab)} labels"
+        )
+    if len(emb) > MAX_HISTOGRAM_ITEMS:
+        keep = torch.randperm(len(emb), generator=torch.Generator().manual_seed(0))
+        keep = keep[:MAX_HISTOGRAM_ITEMS].sort().values
+        emb, lab = emb[keep], lab[keep]
+    dist = torch.cdist(emb, emb)
+    first, second = torch.triu_indices(len(emb), len(emb), offset=1)
+    same = lab[first] == lab[second]
+    d = dist[first, second]
+    return d[same].numpy(), d[~same].numpy()
+
+
+def distance_histogram(embeddings: Any, labels: Any, out_png: Path, title: str) -> Path:
+    """Histogram of the distances of positive and negative pairs (as in HDC's figure): the
+    less the two overlap, the better a distance threshold separates same from different.
+    Densities, so the many more negatives do not flatten the positives."""
+    pos, neg = pair_distances(embeddings, labels)
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    values = np.concatenate([pos, neg])
+    if len(values):
+        hi = float(values.max()) if values.max() > 0 else 1.0
+        bins = np.linspace(0.0, hi * 1.02, 60)
+        for data, name, colour in ((pos, "positive pairs", "C2"), (neg, "negative pairs", "C3")):
+            if len(data):
+                ax.hist(data, bins=bins, density=True, alpha=0.55, color=colour,
+                        label=f"{name} (n={len(data):,}, median {np.median(data):.2f})")  # fmt: skip
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False,
+                  fontsize=9)  # fmt: skip
+    else:
+        ax.text(0.5, 0.5, "no pairs", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("Euclidean distance")
+    ax.set_ylabel("density")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, out_png)

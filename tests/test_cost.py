@@ -1,0 +1,185 @@
+"""`python -m harness cost`: the exponent fit, the work counts of real miners, the cost file,
+the input checks and the figures. Small batch sizes and one repeat: seconds, not minutes."""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import methods  # noqa: F401
+from harness.cost import (
+    add_parser,
+    cost_section,
+    fit_power_law,
+    measure_scaling,
+    parse_batch_sizes,
+    run_cost,
+)
+from harness.errors import HarnessError
+from harness.figures import cost_figure, distance_histogram, training_curve
+from harness.method import METHODS, MethodContext
+from harness.protocol import load_protocol
+
+SIZES = [32, 64, 128, 256, 512, 1024]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def cost_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["cost", *argv])
+
+
+def test_fit_recovers_the_exponent_and_names_the_class():
+    m = np.array(SIZES, dtype=float)
+    quadratic = fit_power_law(SIZES, 3e-4 * m**2)
+    assert quadratic.exponent == pytest.approx(2.0, abs=1e-9)
+    assert quadratic.coefficient == pytest.approx(3e-4)
+    assert quadratic.r2 == pytest.approx(1.0)
+    assert quadratic.complexity == "O(m^2)"
+    linear = fit_power_law(SIZES, 7.0 * m)
+    assert linear.exponent == pytest.approx(1.0, abs=1e-9)
+    assert linear.complexity == "O(m)"
+    assert fit_power_law(SIZES, m * np.log2(m)).complexity == "O(m log m)"
+    assert fit_power_law(SIZES, [5.0] * len(SIZES)).complexity == "O(1)"
+    # a few percent of noise on a quadratic still fits
+    noisy = 2.0 * m**2 * np.random.default_rng(0).uniform(0.95, 1.05, len(m))
+    assert fit_power_law(SIZES, noisy).complexity == "O(m^2)"
+
+
+def test_fit_refuses_what_it_cannot_support():
+    m = np.array(SIZES, dtype=float)
+    between = fit_power_law(SIZES, m**1.5)  # a clean power law, but no class of the list
+    assert between.exponent == pytest.approx(1.5) and between.complexity == "unclear"
+    # m^1.1 lies between m and m log m: neither is named
+    assert fit_power_law(SIZES, m**1.1).complexity == "unclear"
+    scatter = np.random.default_rng(1).lognormal(0.0, 1.5, len(m)) * m
+    assert fit_power_law(SIZES, scatter).complexity.startswith("unclear")
+    bent = np.where(m < 200, 1.0, m**2 / 200**2)  # flat, then quadratic: a poor straight line
+    assert fit_power_law(SIZES, bent).complexity.startswith("unclear")
+    assert fit_power_law([32, 64], [1.0, 4.0]).complexity.startswith("unclear")
+    assert fit_power_law(SIZES, [0.0] * 6).complexity == "none"
+    assert fit_power_law(SIZES, [0, 1, 2, 3, 4, 5]).complexity.startswith("unclear")
+
+
+def _scaling(name: str, sizes: list[int]) -> list[dict]:
+    method = METHODS.get(name).build(MethodContext((16,), 8, 64, 4))
+    return measure_scaling(
+        method, (16,), sizes, 4, num_classes=64, num_coarse=4, device=torch.device("cpu"),
+        repeats=1,
+    )  # fmt: skip
+
+
+def test_contrastive_counts_all_pairs_so_its_count_exponent_is_two():
+    sizes = [8, 16, 32, 64, 128]
+    cells = _scaling("contrastive", sizes)
+    assert [c["evaluated"] for c in cells] == [m * (m - 1) // 2 for m in sizes]
+    assert [c["tuples"] for c in cells] == [m * (m - 1) // 2 for m in sizes]
+    fit = fit_power_law(sizes, [c["evaluated"] for c in cells])
+    assert fit.exponent == pytest.approx(2.0, abs=0.06)  # m(m-1)/2: a touch above 2 at small m
+    assert fit.complexity == "O(m^2)"
+    assert all(c["mining_ms"] > 0 and c["loss_ms"] > 0 and c["repeats"] >= 1 for c in cells)
+
+
+def test_triplet_evaluates_m_squared_distances():
+    sizes = [8, 16, 32, 64]
+    cells = _scaling("triplet", sizes)
+    assert [c["evaluated"] for c in cells] == [m * m for m in sizes]
+    fit = fit_power_law(sizes, [c["evaluated"] for c in cells])
+    assert fit.exponent == pytest.approx(2.0, abs=1e-9) and fit.complexity == "O(m^2)"
+
+
+def test_batch_sizes_must_be_multiples_of_k():
+    assert parse_batch_sizes("64,32,32", 4) == [32, 64]
+    with pytest.raises(HarnessError, match="not a multiple of .*K=4"):
+        parse_batch_sizes("32,30", 4)
+    with pytest.raises(HarnessError, match="at least 2 classes"):
+        parse_batch_sizes("4", 4)
+    with pytest.raises(HarnessError, match="integers"):
+        parse_batch_sizes("32,x", 4)
+    with pytest.raises(HarnessError, match="not a multiple"):  # smoke: K = 4
+        run_cost(cost_args("--protocol", "smoke", "--batch-sizes", "8,30"))
+    with pytest.raises(HarnessError, match="unknown method"):
+        run_cost(cost_args("--protocol", "smoke", "--methods", "contrastiv"))
+
+
+def test_cost_command_writes_the_json_table_and_figure(tmp_path: Path, capsys):
+    args = cost_args(
+        "--protocol", "smoke", "--methods", "contrastive,triplet,untrained",
+        "--batch-sizes", "8,16,32", "--repeats", "1", "--steps", "2", "--device", "cpu",
+        "--results-dir", str(tmp_path), "--json",
+    )  # fmt: skip
+    assert run_cost(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [e["method"] for e in printed] == ["contrastive", "triplet", "untrained"]
+    contrastive, triplet, untrained = printed
+    for entry in (contrastive, triplet):
+        assert entry["status"] == "ok"
+        for key in ("count_exponent", "time_exponent", "loss_time_exponent", "count_complexity"):
+            assert key in entry
+        assert [c["batch_size"] for c in entry["measurements"]] == [8, 16, 32]
+        for cell in entry["measurements"]:
+            assert {"mining_ms", "loss_ms", "evaluated", "tuples", "repeats"} <= set(cell)
+        assert entry["throughput"]["images_per_second"] > 0
+        assert 0 < entry["throughput"]["mining_loss_share"] < 1
+    assert triplet["count_exponent"] == pytest.approx(2.0)
+    assert untrained["status"] == "not_applicable" and untrained["count_exponent"] is None
+
+    record = json.loads((tmp_path / "cost" / "smoke.json").read_text())
+    assert record["kind"] == "cost" and record["protocol"]["name"] == "smoke"
+    assert record["methods"] == printed
+    assert record["environment"]["hardware"]["device"] == "cpu"
+    assert record["overhead"]["method"] == "contrastive" and record["overhead"]["ratio"] > 0
+    figure = tmp_path / "figures" / "cost_smoke.png"
+    assert figure.read_bytes().startswith(PNG)
+
+    section = cost_section(tmp_path)
+    assert "## Cost: smoke" in section and "| contrastive" in section
+    assert "not applicable" in section and "(figures/cost_smoke.png)" in section
+    assert cost_section(tmp_path / "nothing") == ""
+
+
+def test_figures_are_written(tmp_path: Path):
+    runs = []
+    for method, seeds in (("contrastive", (0, 1)), ("triplet", (0,))):
+        for seed in seeds:
+            path = tmp_path / "runs" / method / f"seed{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            loss = [1.0 / (e + 1 + seed) for e in range(5)]
+            path.write_text(json.dumps({
+                "status": "ok", "method": {"name": method}, "protocol": {"name": "smoke"},
+                "training": {"epoch_loss": loss}, "metrics": {"recall@1": 0.5},
+            }))  # fmt: skip
+            runs.append(path)
+    curve = training_curve(runs, tmp_path / "figs" / "curve.png")
+    assert curve.read_bytes().startswith(PNG) and curve.stat().st_size > 5000
+
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.arange(10).repeat_interleave(8)
+    emb = torch.nn.functional.normalize(torch.randn(10, 16, generator=gen)[labels]
+                                        + 0.3 * torch.randn(80, 16, generator=gen), dim=1)  # fmt: skip
+    hist = distance_histogram(emb, labels, tmp_path / "hist.png", "random clusters")
+    assert hist.read_bytes().startswith(PNG) and hist.stat().st_size > 5000
+
+    record = {
+        "protocol": {"name": "t", "version": 1},
+        "settings": {"batch_sizes": [8, 16, 32], "images_per_class": 4, "repeats": 1},
+        "methods": [
+            {"method": "a", "status": "ok", "measurements": [
+                {"batch_size": m, "mining_ms": 0.01 * m, "loss_ms": 1e-3 * m * m,
+                 "evaluated": m * m} for m in (8, 16, 32)]},
+            {"method": "b", "status": "ok", "measurements": [
+                {"batch_size": m, "mining_ms": 0.0, "loss_ms": 0.5, "evaluated": 0}
+                for m in (8, 16, 32)]},
+        ],
+    }  # fmt: skip
+    cost = cost_figure(record, tmp_path / "cost.png")
+    assert cost.read_bytes().startswith(PNG) and cost.stat().st_size > 5000
+
+
+def test_protocols_used_here_have_k_four():
+    """The sizes above assume the smoke protocol's K = 4."""
+    assert load_protocol("smoke").sampler.images_per_class == 4
