@@ -24,12 +24,18 @@ from harness.results import REPO_ROOT, environment, read_result, write_json_atom
 from harness.runner import plan, resolve_device, sweep
 
 BASELINE_DIR = REPO_ROOT / "results" / "baselines"
-# Absolute tolerances (fractions). Same machine, same versions: results are bit-identical
-# (tests/test_methods.py checks it). Another CPU or BLAS build changes float rounding, and
-# 60 training steps amplify it: measured spread between 1 and 2 torch threads, and between
-# seeds, is in the README; these sit above the former and below the latter.
-DEFAULT_TOLERANCES = {"recall@1": 0.04, "recall@4": 0.04, "precision@1": 0.04,
-                      "r_precision": 0.03, "map@r": 0.03, "map": 0.03, "nmi": 0.03, "f1": 0.04}  # fmt: skip
+# Absolute tolerances (fractions). Same machine kind, same versions, same thread count:
+# results are bit-identical (tests/test_methods.py checks it), so CI sees differences of 0.
+# Another CPU or thread count changes float rounding, which 150 training steps amplify:
+# between 1 and 2 torch threads the largest spread over the stable methods was recall@1
+# 0.030, recall@4 0.046, r_precision 0.022, map@r 0.030, map 0.027, nmi 0.019, f1 0.026;
+# these tolerances are about 1.5x that. The learned-score methods rank near chance on this
+# small budget and swing more (recall@1 0.07, recall@4 0.19): they get 3x.
+DEFAULT_TOLERANCES = {"recall@1": 0.05, "recall@4": 0.07, "precision@1": 0.05,
+                      "r_precision": 0.035, "map@r": 0.045, "map": 0.04, "nmi": 0.03, "f1": 0.04}  # fmt: skip
+LOOSE = ("pddm_score", "lmdm_score")
+DEFAULT_METHOD_TOLERANCES = {m: {k: round(3 * v, 3) for k, v in DEFAULT_TOLERANCES.items()}
+                             for m in LOOSE}  # fmt: skip
 
 
 @dataclass
@@ -69,6 +75,7 @@ def compare(baseline: dict[str, Any], protocol_hash: str, runs: dict[str, dict])
                     f"baseline is for protocol hash {baseline.get('protocol_hash')}, now "
                     f"{protocol_hash}: run check --update --reason ...")]  # fmt: skip
     tolerances = baseline.get("tolerances", DEFAULT_TOLERANCES)
+    per_method = baseline.get("method_tolerances", {})
     for method, run in sorted(runs.items()):
         base = baseline.get("methods", {}).get(method)
         if run.get("status") != "ok":
@@ -86,7 +93,7 @@ def compare(baseline: dict[str, Any], protocol_hash: str, runs: dict[str, dict])
             continue
         for metric, now in run["metrics"].items():
             ref = base["metrics"].get(metric)
-            tol = tolerances.get(metric)
+            tol = per_method.get(method, {}).get(metric, tolerances.get(metric))
             if ref is None or tol is None:
                 rows.append(Row(method, metric, ref, now, tol, "missing baseline"))
             elif now < ref - tol:
@@ -108,7 +115,17 @@ def render(rows: list[Row]) -> str:
          fmt(r.tolerance), r.status]
         for r in rows
     ]  # fmt: skip
-    return tabulate(table, headers=["method", "metric", "baseline", "now", "diff", "tol", "status"])
+    headers = ["method", "metric", "baseline", "now", "diff", "tol", "status"]
+    return tabulate(table, headers=headers, disable_numparse=True)
+
+
+def tolerances_for(runs: dict[str, dict]) -> dict[str, float]:
+    """A tolerance for every metric the runs report (recall@K beyond 1 and 4 as recall@4)."""
+    names = {m for r in runs.values() for m in r.get("metrics", {})}
+    out = dict(DEFAULT_TOLERANCES)
+    for name in names - set(out):
+        out[name] = DEFAULT_TOLERANCES["recall@4"] if name.startswith("recall@") else 0.05
+    return out
 
 
 def update(
@@ -124,7 +141,8 @@ def update(
         "commit": env["git_commit"],
         "reason": reason,
         "environment": {k: env[k] for k in ("python", "packages", "hardware")},
-        "tolerances": old.get("tolerances", DEFAULT_TOLERANCES),
+        "tolerances": old.get("tolerances") or tolerances_for(runs),
+        "method_tolerances": old.get("method_tolerances", DEFAULT_METHOD_TOLERANCES),
         "methods": {m: {"version": r["method"]["version"], "metrics": r["metrics"]}
                     for m, r in sorted(runs.items()) if r.get("status") == "ok"},
     })  # fmt: skip
