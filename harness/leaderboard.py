@@ -127,6 +127,21 @@ def render(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def training_figures(results_dir: Path) -> str:
+    """One training-loss figure per protocol (results/figures/training_<protocol>.png)."""
+    from harness.figures import training_curve
+
+    lines = []
+    for folder in sorted(p for p in (results_dir / "runs").iterdir() if p.is_dir()):
+        paths = sorted(folder.glob("*/seed*.json"))
+        if not paths:
+            continue
+        out = results_dir / "figures" / f"training_{folder.name}.png"
+        training_curve(paths, out, title=f"Training loss per epoch — {folder.name}")
+        lines.append(f"- {folder.name}: [training loss per epoch](figures/{out.name})")
+    return "\n## Figures\n\n" + "\n".join(lines) + "\n" if lines else ""
+
+
 def write_leaderboard(results_dir: Path) -> Path:
     runs = load_results(results_dir)
     if not runs:
@@ -134,7 +149,7 @@ def write_leaderboard(results_dir: Path) -> Path:
             f"no run results under {Path(results_dir) / 'runs'}: run `python -m harness run` first"
         )
     path = Path(results_dir) / "LEADERBOARD.md"
-    text = render(runs) + cost_section(Path(results_dir))
+    text = render(runs) + training_figures(Path(results_dir)) + cost_section(Path(results_dir))
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)

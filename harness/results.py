@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,20 @@ def _git(*args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def machine_id() -> str:
+    """A random id made once per machine (kept in the data cache): results made elsewhere,
+    e.g. committed ones, are not mistaken for this machine's own finished runs."""
+    from harness.data.base import default_cache_dir
+
+    path = default_cache_dir() / "machine-id"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".machine-id.{os.getpid()}")
+        tmp.write_text(uuid.uuid4().hex + "\n")
+        os.replace(tmp, path)
+    return path.read_text().strip()
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """Where a number came from: code version, packages, hardware."""
     packages = {}
@@ -90,6 +105,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     dirty = _git("status", "--porcelain", "--", "harness", "methods", "protocols")
     hardware = {
         "device": str(device),
+        "machine_id": machine_id(),
         "platform": platform.platform(),
         "processor": platform.machine(),
         "cpu_count": os.cpu_count(),

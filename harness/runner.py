@@ -34,7 +34,14 @@ from harness.evaluate import evaluate, retrieval_record
 from harness.method import METHODS, MethodContext, MethodSpec
 from harness.protocol import Protocol, load_protocol
 from harness.registry import closest
-from harness.results import RESULT_SCHEMA, environment, read_result, result_path, write_json_atomic
+from harness.results import (
+    RESULT_SCHEMA,
+    environment,
+    machine_id,
+    read_result,
+    result_path,
+    write_json_atomic,
+)
 from harness.splits import Split, split_classes
 from harness.train import TrainingFailed, train
 
@@ -142,8 +149,12 @@ def contiguous(labels: np.ndarray) -> np.ndarray:
 
 
 def _same_run(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """A finished result of this very configuration, made on this machine: skip the run.
+    (A clone on another machine reruns and archives what it found: its numbers are its own.)"""
+    made_on = old.get("environment", {}).get("hardware", {}).get("machine_id")
     return (
         old.get("status") == "ok"
+        and made_on == machine_id()
         and old["protocol"]["hash"] == new["protocol"]["hash"]
         and old["method"]["version"] == new["method"]["version"]
         and old["method"]["hyperparameters"] == new["method"]["hyperparameters"]
@@ -255,6 +266,10 @@ def _execute(
         write_json_atomic(path, record)
         return "not_applicable", path
 
+    # Bit-identical reruns: without this, multi-threaded CPU kernels (and cuDNN) may sum in
+    # a different order from run to run.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(spec.seed)  # the same backbone initialisation for every method
     np.random.seed(spec.seed)
     backbone = build_backbone(protocol.backbone, data.images.shape[1]).to(device)
