@@ -16,30 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.argtypes import int_list, positive_int
 from harness.cost import add_parser as add_cost_parser
 from harness.cost import run_cost
 from harness.errors import HarnessError
 
 log = logging.getLogger("harness")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,10 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="every registered method")
     which.add_argument("--method", help="NAME[,NAME...]")
     run.add_argument("--protocol", default="default", help="protocol name or YAML path")
-    run.add_argument("--seeds", type=_int_list, help="override the protocol's seeds, e.g. 0,1,2")
+    run.add_argument("--seeds", type=int_list, help="override the protocol's seeds, e.g. 0,1,2")
     run.add_argument("--data-root", help="folder holding the dataset's files")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    run.add_argument("--max-steps", type=_positive_int, help="cap training steps (smoke runs)")
+    run.add_argument("--max-steps", type=positive_int, help="cap training steps (smoke runs)")
     run.add_argument("--results-dir", default="results", help="default: results")
     run.add_argument("--force", action="store_true", help="rerun even if a result exists")
 
@@ -75,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--labels", required=True, type=Path, help="[N] .npy")
     ev.add_argument("--query-embeddings", type=Path, help="[Q, D] .npy (else all-vs-all)")
     ev.add_argument("--query-labels", type=Path, help="[Q] .npy")
-    ev.add_argument("--recall-ks", type=_int_list, default=[1, 2, 4, 8])
+    ev.add_argument("--recall-ks", type=int_list, default=[1, 2, 4, 8])
     ev.add_argument("--json", action="store_true")
 
     lb = sub.add_parser("leaderboard", help="regenerate results/LEADERBOARD.md")
@@ -273,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+    logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs CPU probing at INFO
     try:
         return COMMANDS[args.command](args)
     except HarnessError as exc:

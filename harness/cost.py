@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.argtypes import positive_int
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:
@@ -979,16 +980,6 @@ def cost_section(results_dir: Path) -> str:
 # Command line
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `cost` subcommand to the CLI's subparsers."""
     cost = subparsers.add_parser(
@@ -1003,9 +994,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=",".join(map(str, DEFAULT_BATCH_SIZES)),
         help="comma-separated multiples of the protocol's K (default: %(default)s)",
     )
-    cost.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS,
+    cost.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
                       help="timed calls per batch size, at most (default: %(default)s)")  # fmt: skip
-    cost.add_argument("--steps", type=_positive_int, default=DEFAULT_STEPS,
+    cost.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
                       help="training steps timed per method for throughput (default: %(default)s)")  # fmt: skip
     cost.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     cost.add_argument("--data-root", help="folder holding the dataset's files")

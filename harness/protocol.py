@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 import yaml
 
 from harness.errors import HarnessError
+from harness.metrics import METRIC_NAMES
 from harness.registry import closest
 
 SCHEMA_VERSION = 1
@@ -124,17 +126,7 @@ class BudgetSpec:
 @dataclass(frozen=True)
 class EvaluationSpec:
     recall_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    metrics: list[str] = field(
-        default_factory=lambda: [
-            "recall@K",
-            "precision@1",
-            "r_precision",
-            "map@r",
-            "map",
-            "nmi",
-            "f1",
-        ]
-    )
+    metrics: list[str] = field(default_factory=lambda: list(METRIC_NAMES))
     batch_size: int = 256
     # How a method with a learned similarity (a scorer) ranks: "exact" scores every
     # query x gallery pair; "rerank" scores only the rerank_top Euclidean candidates.
@@ -146,6 +138,11 @@ class EvaluationSpec:
         _check(self.batch_size >= 1, "batch_size must be >= 1")
         _check(self.scorer_mode in ("exact", "rerank"), "scorer_mode must be exact or rerank")
         _check(self.rerank_top >= 1, "rerank_top must be >= 1")
+        # checked here, not after training: a typo must not cost a whole run
+        for name in self.metrics:
+            ok = name in METRIC_NAMES or re.fullmatch(r"recall@[1-9][0-9]*", name)
+            _check(bool(ok), f"unknown metric {name!r}{closest(name, list(METRIC_NAMES))}; "
+                             f"known: {', '.join(METRIC_NAMES)}")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ CASES = {
     "both epochs and steps": (run_with(setkey("budget", {"epochs": 1, "steps": 1})), "exactly one of epochs or steps"),
     "no budget": (run_with(setkey("budget", {})), "exactly one of epochs or steps"),
     "negative lr": (run_with(setkey("optimizer.lr", -0.1)), "lr must be positive"),
+    "unknown metric": (run_with(setkey("evaluation.metrics", ["recall@1", "mapr"])), "did you mean 'map@r'"),
     "unknown optimizer": (run_with(setkey("optimizer.name", "rmsprop")), "adam, adamw or sgd"),
     "schema version": (run_with(setkey("schema", 2)), "schema 2 is not supported"),
     "malformed YAML with line": (run_with(text="name: x\nsampler: {a: 1,\n  b: [\n"), "p.yaml:"),

@@ -1,0 +1,25 @@
+"""argparse value types shared by the CLI's subcommands (cli.py and cost.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def int_list(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2]."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
