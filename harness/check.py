@@ -1,51 +1,68 @@
-"""CI's regression check: rerun a small deterministic protocol, compare with the baselines.
+"""CI's regression check: rerun the small `regression` protocol, compare with the baselines.
 
-The baselines (results/baselines/<protocol>.json) hold every method's metrics with a
-tolerance per metric. A metric that falls by more than its tolerance, a method without a
-baseline, a changed method version or a changed protocol fails the check; `--update`
-rewrites the baselines and records why and at which commit.
+The baseline file (results/baselines/<protocol>.json) holds every method's metrics for
+several seeds, and the fingerprint of the machine that made them (harness/fingerprint.py).
+Runs are pinned to one torch thread per worker process, so the core count does not matter.
+
+- **exact** mode, on a machine with the baseline's fingerprint: training is deterministic
+  there, so every check seed must reproduce its recorded value bit for bit. Any difference is
+  a change (better or worse) and fails until `--update --reason` records it.
+- **statistical** mode, on any other machine: another processor rounds differently and
+  training amplifies that into seed-noise-sized differences, so single values cannot be
+  compared. For each metric, the mean over the n check seeds is compared with the mean over
+  the baseline's N seeds by a one-sided two-sample t-test with pooled variance (Student's t,
+  N + n - 2 degrees of freedom), Bonferroni-corrected over all rows so that the whole check
+  raises a false alarm with probability at most ALPHA when nothing regressed. The t-test
+  treats the two sets of runs as independent draws; the check seeds are among the baseline's,
+  and runs of one seed on two machines are positively correlated, which only lowers the
+  false-alarm rate further. A metric regresses when its mean falls below the baseline mean by
+  more than the bound; the bound is the smallest drop the check can see on this machine. A
+  method whose bound on MAP@R exceeds WATCH_DROP is reported as too noisy to guard.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
+import shutil
+import statistics
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from scipy import stats
 from tabulate import tabulate
 
 from harness.errors import HarnessError
+from harness.fingerprint import describe
 from harness.method import METHODS
-from harness.protocol import load_protocol
-from harness.results import REPO_ROOT, environment, read_result, write_json_atomic
-from harness.runner import plan, resolve_device, sweep
+from harness.protocol import Protocol, load_protocol
+from harness.results import REPO_ROOT, environment, read_result, result_path, write_json_atomic
+from harness.runner import plan, resolve_device, sweep_pinned
+
+log = logging.getLogger(__name__)
 
 BASELINE_DIR = REPO_ROOT / "results" / "baselines"
-# Absolute tolerances (fractions). Same machine kind, same versions, same thread count:
-# results are bit-identical (tests/test_methods.py checks it), so CI sees differences of 0.
-# Another CPU or thread count changes float rounding, which 150 training steps amplify:
-# between 1 and 2 torch threads the largest spread over the stable methods was recall@1
-# 0.030, recall@4 0.046, r_precision 0.022, map@r 0.030, map 0.027, nmi 0.019, f1 0.026;
-# these tolerances are about 1.5x that. The learned-score methods rank near chance on this
-# small budget and swing more (recall@1 0.07, recall@4 0.19): they get 3x.
-DEFAULT_TOLERANCES = {"recall@1": 0.05, "recall@4": 0.07, "precision@1": 0.05,
-                      "r_precision": 0.035, "map@r": 0.045, "map": 0.04, "nmi": 0.03, "f1": 0.04,
-                      "lda": 0.25}  # fmt: skip  # lda, a ratio of about 3 here: 0.09-0.14 seen
-LOOSE = ("pddm_score", "lmdm_score")
-DEFAULT_METHOD_TOLERANCES = {m: {k: round(3 * v, 3) for k, v in DEFAULT_TOLERANCES.items()}
-                             for m in LOOSE}  # fmt: skip
+BASELINE_FORMAT = 2
+ALPHA = 0.01  # the whole check's false-alarm rate in statistical mode (Bonferroni over rows)
+MIN_BOUND = 0.005  # a metric constant over all seeds still gets this much room
+WATCH_METRIC, WATCH_DROP = "map@r", 0.05  # a method that cannot see this drop is flagged
+BASELINE_SEEDS = 20  # default number of seeds `--update` records
 
 
 @dataclass
 class Row:
+    """One (method, metric): means over seeds, the allowed drop (0 in exact mode), verdict."""
+
     method: str
     metric: str
     baseline: float | None
     now: float | None
-    tolerance: float | None
+    bound: float | None
     status: str
 
     @property
@@ -57,97 +74,200 @@ def baseline_path(protocol: str, baseline_dir: Path) -> Path:
     return Path(baseline_dir) / f"{protocol}.json"
 
 
-def run_protocol(protocol_name: str, methods: list[str], results_dir: Path, device: str) -> dict:
-    protocol = load_protocol(protocol_name)
-    specs = plan(protocol, methods, None, device=device, results_dir=str(results_dir))
-    sweep(specs, progress=False)
-    runs = {}
-    for spec in specs:
-        path = results_dir / "runs" / protocol.name / spec.method / f"seed{spec.seed}.json"
-        runs[spec.method] = read_result(path)
-    return {"protocol": protocol, "runs": runs}
+def load_baseline(path: Path) -> dict[str, Any]:
+    """The baseline file, refused with a one-line fix if it predates the per-seed format."""
+    try:
+        baseline = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HarnessError(f"unreadable baseline file {path}: {exc}; restore it from git") from None
+    if baseline.get("format") != BASELINE_FORMAT:
+        raise HarnessError(
+            f"{path} is a format-{baseline.get('format', 1)} baseline (one seed, fixed "
+            f"tolerances); this check needs format {BASELINE_FORMAT}: remake it with "
+            "`python -m harness check --update --reason TEXT`"
+        )
+    return baseline
 
 
-def compare(baseline: dict[str, Any], protocol_hash: str, runs: dict[str, dict]) -> list[Row]:
+def run_protocol(
+    protocol: Protocol, methods: list[str], seeds: list[int], results_dir: Path, device: str
+) -> dict[str, list[dict]]:
+    """Every method for every seed, one torch thread per worker process; returns each method's
+    results, ordered as `seeds`."""
+    specs = plan(protocol, methods, seeds, device=device, results_dir=str(results_dir))
+    workers = 1 if resolve_device(device).type == "cuda" else min(os.cpu_count() or 1, len(specs))
+    sweep_pinned(specs, workers=workers, threads=1)
+    runs = {
+        m: [read_result(result_path(results_dir, protocol.name, m, s)) for s in seeds]
+        for m in methods
+    }
+    return runs
+
+
+def run_fingerprint(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """The one fingerprint all runs were made under (they share a process setup)."""
+    found = {json.dumps(r["environment"]["fingerprint"], sort_keys=True)
+             for rs in runs.values() for r in rs if "environment" in r}  # fmt: skip
+    if len(found) != 1:
+        prints = [json.loads(f) for f in found]
+        differ = sorted({k for fp in prints for k in fp if fp.get(k) != prints[0].get(k)})
+        raise HarnessError(
+            f"the check's runs report {len(found)} machine fingerprints, not one (they differ "
+            f"in {', '.join(differ)}); report this as a bug"
+        )
+    return json.loads(found.pop())
+
+
+def t_bound(base: list[float], now: list[float], rows: int, alpha: float = ALPHA) -> float:
+    """The largest drop of mean(now) below mean(base) that a one-sided pooled two-sample t-test
+    at level alpha / rows still accepts as chance."""
+    n_base, n_now = len(base), len(now)
+    df = n_base + n_now - 2
+    pooled = (
+        (n_base - 1) * statistics.variance(base) + (n_now - 1) * statistics.variance(now)
+    ) / df
+    critical = stats.t.ppf(1 - alpha / rows, df)
+    return max(float(critical) * math.sqrt(pooled * (1 / n_base + 1 / n_now)), MIN_BOUND)
+
+
+def _structural(baseline: dict[str, Any], method: str, runs: list[dict]) -> str | None:
+    """Why a method cannot be compared at all (failed run, no baseline, new version)."""
+    bad = next((r for r in runs if r.get("status") != "ok"), None)
+    if bad is not None:
+        return f"run {bad.get('status')} (seed {bad.get('seed')}): {bad.get('failure')}"
+    base = baseline["methods"].get(method)
+    if base is None:
+        return "missing baseline"
+    if base["version"] != runs[0]["method"]["version"]:
+        return f"method version {base['version']} -> {runs[0]['method']['version']}: update the baseline"
+    return None
+
+
+def compare(
+    baseline: dict[str, Any], protocol_hash: str, runs: dict[str, list[dict]], seeds: list[int],
+    exact: bool,
+) -> list[Row]:  # fmt: skip
     """One row per (method, metric); a row's status says whether it passes."""
-    rows: list[Row] = []
     if baseline.get("protocol_hash") != protocol_hash:
         return [Row("*", "protocol", None, None, None,
                     f"baseline is for protocol hash {baseline.get('protocol_hash')}, now "
                     f"{protocol_hash}: run check --update --reason ...")]  # fmt: skip
-    tolerances = baseline.get("tolerances", DEFAULT_TOLERANCES)
-    per_method = baseline.get("method_tolerances", {})
-    for method, run in sorted(runs.items()):
-        base = baseline.get("methods", {}).get(method)
-        if run.get("status") != "ok":
-            rows.append(
-                Row(method, "*", None, None, None, f"run {run.get('status')}: {run.get('failure')}")
-            )
+    missing = [s for s in seeds if s not in baseline["seeds"]]
+    if missing:
+        return [Row("*", "seeds", None, None, None,
+                    f"seeds {missing} are not in the baseline's {baseline['seeds']}: "
+                    "run check --update --reason ...")]  # fmt: skip
+    at = [baseline["seeds"].index(s) for s in seeds]
+    comparable = {m: rs for m, rs in runs.items() if _structural(baseline, m, rs) is None}
+    tested = sum(len(rs[0]["metrics"]) for rs in comparable.values())
+    rows: list[Row] = []
+    for method, method_runs in sorted(runs.items()):
+        problem = _structural(baseline, method, method_runs)
+        if problem is not None:
+            rows.append(Row(method, "*", None, None, None, problem))
             continue
-        if base is None:
-            rows.append(Row(method, "*", None, None, None, "missing baseline"))
-            continue
-        if base.get("version") != run["method"]["version"]:
-            rows.append(Row(method, "*", None, None, None,
-                            f"method version {base.get('version')} -> {run['method']['version']}: "
-                            "update the baseline"))  # fmt: skip
-            continue
-        for metric, now in run["metrics"].items():
-            ref = base["metrics"].get(metric)
-            tol = per_method.get(method, {}).get(metric, tolerances.get(metric))
-            if ref is None or tol is None:
-                rows.append(Row(method, metric, ref, now, tol, "missing baseline"))
-            elif now < ref - tol:
-                rows.append(Row(method, metric, ref, now, tol, "REGRESSED"))
-            elif now > ref + tol:
-                rows.append(Row(method, metric, ref, now, tol, "improved"))
+        for metric in method_runs[0]["metrics"]:
+            now = [r["metrics"][metric] for r in method_runs]
+            base = baseline["methods"][method]["metrics"].get(metric)
+            if base is None:
+                rows.append(Row(method, metric, None, statistics.fmean(now), None,
+                                "missing baseline"))  # fmt: skip
+            elif not all(math.isfinite(v) for v in now):
+                rows.append(Row(method, metric, None, None, None, f"not finite: {now}"))
+            elif exact:
+                same = all(now[i] == base[j] for i, j in enumerate(at))
+                rows.append(Row(method, metric, statistics.fmean(base[j] for j in at),
+                                statistics.fmean(now), 0.0, "ok" if same else "CHANGED"))  # fmt: skip
             else:
-                rows.append(Row(method, metric, ref, now, tol, "ok"))
+                bound = t_bound(base, now, tested)
+                diff = statistics.fmean(now) - statistics.fmean(base)
+                status = "REGRESSED" if diff < -bound else "improved" if diff > bound else "ok"
+                rows.append(Row(method, metric, statistics.fmean(base), statistics.fmean(now),
+                                bound, status))  # fmt: skip
     return rows
 
 
-def render(rows: list[Row]) -> str:
+def too_noisy(rows: list[Row]) -> dict[str, float]:
+    """Methods whose MAP@R bound is wider than WATCH_DROP: the check cannot guard them."""
+    return {r.method: r.bound for r in rows
+            if r.metric == WATCH_METRIC and r.bound is not None and r.bound > WATCH_DROP}  # fmt: skip
+
+
+def render(rows: list[Row], exact: bool) -> str:
     def fmt(x: float | None) -> str:
         return "-" if x is None else f"{x:.4f}"
 
     table = [
         [r.method, r.metric, fmt(r.baseline), fmt(r.now),
          "-" if r.baseline is None or r.now is None else f"{r.now - r.baseline:+.4f}",
-         fmt(r.tolerance), r.status]
+         "exact" if exact and r.bound is not None else fmt(r.bound), r.status]
         for r in rows
     ]  # fmt: skip
-    headers = ["method", "metric", "baseline", "now", "diff", "tol", "status"]
+    headers = ["method", "metric", "baseline", "now", "diff", "max drop", "status"]
     return tabulate(table, headers=headers, disable_numparse=True)
 
 
-def tolerances_for(runs: dict[str, dict]) -> dict[str, float]:
-    """A tolerance for every metric the runs report (recall@K beyond 1 and 4 as recall@4)."""
-    names = {m for r in runs.values() for m in r.get("metrics", {})}
-    out = dict(DEFAULT_TOLERANCES)
-    for name in names - set(out):
-        out[name] = DEFAULT_TOLERANCES["recall@4"] if name.startswith("recall@") else 0.05
-    return out
+def detectable_table(rows: list[Row]) -> str:
+    """Per method, the smallest drop of each metric's mean the check would catch."""
+    by_method: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r.bound is not None:
+            by_method.setdefault(r.method, {})[r.metric] = r.bound
+    metrics = sorted({m for b in by_method.values() for m in b}, key=_metric_order)
+    table = [[m, *(fmt_bound(b.get(k)) for k in metrics),
+              "TOO NOISY" if b.get(WATCH_METRIC, 0) > WATCH_DROP else ""]
+             for m, b in sorted(by_method.items())]  # fmt: skip
+    return tabulate(table, headers=["smallest detectable drop", *metrics, ""],
+                    disable_numparse=True)  # fmt: skip
+
+
+def fmt_bound(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _metric_order(name: str) -> tuple[int, str]:
+    order = ["recall@1", "recall@4", "precision@1", "r_precision", "map@r", "map", "nmi", "f1"]
+    return (order.index(name) if name in order else len(order), name)
 
 
 def update(
-    path: Path, protocol_name: str, protocol_hash: str, runs: dict[str, dict], reason: str,
-    device: str,
-) -> None:  # fmt: skip
-    old = json.loads(path.read_text()) if path.exists() else {}
+    path: Path, protocol: Protocol, runs: dict[str, list[dict]], seeds: list[int], reason: str,
+    device: str, partial: bool,
+) -> list[str]:  # fmt: skip
+    """Write the baseline file from the runs; returns the methods left out (failed runs).
+    A partial update (some methods) keeps the others, if they were made on this machine."""
     env = environment(resolve_device(device))
+    fingerprint = run_fingerprint(runs)
+    old_methods: dict[str, Any] = {}
+    if partial and path.exists():
+        old = load_baseline(path)
+        if (old["fingerprint"]["id"], old["seeds"], old["protocol_hash"]) != (
+            fingerprint["id"],
+            seeds,
+            protocol.hash,
+        ):
+            raise HarnessError(
+                f"{path} was made on another machine, seeds or protocol; update every method "
+                "(leave out --methods) so the whole file comes from one machine"
+            )
+        old_methods = old["methods"]
+    ok = {m: rs for m, rs in runs.items() if all(r.get("status") == "ok" for r in rs)}
     write_json_atomic(path, {
-        "protocol": protocol_name,
-        "protocol_hash": protocol_hash,
+        "format": BASELINE_FORMAT,
+        "protocol": protocol.name,
+        "protocol_hash": protocol.hash,
         "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": env["git_commit"],
         "reason": reason,
         "environment": {k: env[k] for k in ("python", "packages", "hardware")},
-        # the old file's tolerances win; a metric new since then gets the default one
-        "tolerances": {**tolerances_for(runs), **old.get("tolerances", {})},
-        "method_tolerances": old.get("method_tolerances", DEFAULT_METHOD_TOLERANCES),
-        "methods": {m: {"version": r["method"]["version"], "metrics": r["metrics"]}
-                    for m, r in sorted(runs.items()) if r.get("status") == "ok"},
+        "fingerprint": fingerprint,
+        "seeds": seeds,
+        "methods": {**old_methods, **{
+            m: {"version": rs[0]["method"]["version"],
+                "metrics": {k: [r["metrics"][k] for r in rs] for k in rs[0]["metrics"]}}
+            for m, rs in ok.items()}},
     })  # fmt: skip
+    return sorted(set(runs) - set(ok))
 
 
 def check(
@@ -157,31 +277,89 @@ def check(
     update_reason: str | None = None,
     device: str = "auto",
     results_dir: Path | None = None,
+    mode: str = "auto",
+    baseline_seeds: int = BASELINE_SEEDS,
 ) -> tuple[bool, str]:
-    """Run the check; returns (passed, report text)."""
+    """Run the check (or, with update_reason, remake the baselines); returns (passed, report)."""
     names = methods or METHODS.names()
-    path = baseline_path(protocol_name, baseline_dir)
-    if update_reason is None and not path.exists():
-        raise HarnessError(
-            f"no baseline file {path}: create it with "
-            f"`python -m harness check --protocol {protocol_name} --update --reason TEXT`"
-        )
-    with tempfile.TemporaryDirectory(prefix="harness-check-") as tmp:
-        outcome = run_protocol(protocol_name, names, Path(results_dir or tmp), device)
-    protocol, runs = outcome["protocol"], outcome["runs"]
+    protocol = load_protocol(protocol_name)
+    path = baseline_path(protocol.name, baseline_dir)
     if update_reason is not None:
         if not update_reason.strip():
             raise HarnessError("--update needs a non-empty --reason saying why the numbers change")
-        update(path, protocol.name, protocol.hash, runs, update_reason, device)
-        failed = [m for m, r in runs.items() if r.get("status") != "ok"]
-        return not failed, f"baselines written to {path}" + (
-            f"; failed runs left out: {', '.join(failed)}" if failed else ""
-        )
-    baseline = json.loads(path.read_text())
-    rows = compare(baseline, protocol.hash, runs)
+        seeds = list(range(baseline_seeds))
+        if not set(protocol.seeds) <= set(seeds) or baseline_seeds < 3:
+            raise HarnessError(
+                f"--baseline-seeds {baseline_seeds} must be at least 3 and cover the protocol's "
+                f"check seeds {protocol.seeds}"
+            )
+    else:
+        if not path.exists():
+            raise HarnessError(
+                f"no baseline file {path}: create it with "
+                f"`python -m harness check --protocol {protocol.name} --update --reason TEXT`"
+            )
+        baseline = load_baseline(path)
+        seeds = list(protocol.seeds)
+        if len(seeds) < 2 and mode != "exact":
+            raise HarnessError(
+                f"{protocol.path}: the check needs at least 2 seeds for its statistical mode"
+            )
+    # Always fresh runs (a finished result is never reused: the code may have changed), kept
+    # when anything below fails so that no finished run is lost.
+    runs_dir = Path(results_dir or tempfile.mkdtemp(prefix="harness-check-"))
+    try:
+        runs = run_protocol(protocol, names, seeds, runs_dir, device)
+        if update_reason is not None:
+            left_out = update(path, protocol, runs, seeds, update_reason, device, bool(methods))
+            note = f"; failed runs left out: {', '.join(left_out)}" if left_out else ""
+            outcome = not left_out, f"baselines for seeds {seeds} written to {path}{note}"
+        else:
+            outcome = report(baseline, protocol, runs, seeds, mode, path)
+    except BaseException:
+        log.warning("the check's run results are kept in %s", runs_dir)
+        raise
+    if results_dir is None:
+        shutil.rmtree(runs_dir, ignore_errors=True)
+    return outcome
+
+
+def report(
+    baseline: dict[str, Any], protocol: Protocol, runs: dict[str, list[dict]], seeds: list[int],
+    mode: str, path: Path,
+) -> tuple[bool, str]:  # fmt: skip
+    """Compare and describe: mode, both machines, the table, noisy methods, the verdict."""
+    here = run_fingerprint(runs)
+    same = here["id"] == baseline["fingerprint"]["id"]
+    exact = mode == "exact" or (mode == "auto" and same)
+    rows = compare(baseline, protocol.hash, runs, seeds, exact)
     bad = [r for r in rows if r.failed]
-    summary = (
-        f"check {'FAILED' if bad else 'passed'}: {len(rows) - len(bad)}/{len(rows)} rows within "
-        f"tolerance of {path}"
+    n_base = len(baseline["seeds"])
+    lines = [
+        f"this machine: {describe(here)}",
+        f"baseline:     {describe(baseline['fingerprint'])}",
+        f"mode: exact (same fingerprint: seeds {seeds} must reproduce their values bit for bit)"
+        if exact
+        else f"mode: statistical ({'forced' if same else 'another machine'}: mean of seeds "
+        f"{seeds} vs mean of the baseline's {n_base} seeds, one-sided pooled t-test, "
+        f"false-alarm rate <= {ALPHA} for the whole check)",
+        "",
+        render(rows, exact),
+    ]
+    if not exact:
+        lines += ["", detectable_table(rows)]
+        noisy = too_noisy(rows)
+        if noisy:
+            lines += ["", "too noisy to guard on this machine (cannot see a "
+                      f"{WATCH_DROP} drop in {WATCH_METRIC}): "
+                      + ", ".join(f"{m} (smallest drop {b:.3f})" for m, b in sorted(noisy.items()))]  # fmt: skip
+    lines.append(
+        f"check {'FAILED' if bad else 'passed'} ({'exact' if exact else 'statistical'}): "
+        f"{len(rows) - len(bad)}/{len(rows)} rows pass against {path}"
     )
-    return not bad, render(rows) + "\n" + summary
+    if bad and exact:
+        lines.append(
+            "a changed number on the baseline's own machine is a change in behaviour: if it is "
+            "intended, record it with `python -m harness check --update --reason TEXT`"
+        )
+    return not bad, "\n".join(lines)

@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--update", action="store_true", help="rewrite the baselines from this run")
     ck.add_argument("--reason", help="why the baselines change (required with --update)")
     ck.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ck.add_argument(
+        "--mode", default="auto", choices=["auto", "exact", "statistical"],
+        help="auto: exact on the baseline's machine fingerprint, statistical elsewhere",
+    )  # fmt: skip
+    ck.add_argument(
+        "--baseline-seeds", type=positive_int, default=None,
+        help="with --update: how many seeds (0..N-1) the baseline records (default 20)",
+    )  # fmt: skip
 
     val = sub.add_parser("validate", help="check protocol files")
     val.add_argument("paths", nargs="*", help="default: every shipped protocol")
@@ -238,17 +246,20 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     import methods  # noqa: F401
-    from harness.check import BASELINE_DIR, check
+    from harness.check import BASELINE_DIR, BASELINE_SEEDS, check
 
     if args.update and not args.reason:
         raise HarnessError("--update needs --reason TEXT saying why the baselines change")
     if args.reason and not args.update:
         raise HarnessError("--reason goes with --update")
+    if args.baseline_seeds is not None and not args.update:
+        raise HarnessError("--baseline-seeds goes with --update")
     names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     start = time.perf_counter()
     passed, report = check(
         args.protocol, names, args.baselines or BASELINE_DIR,
-        args.reason if args.update else None, args.device,
+        args.reason if args.update else None, args.device, mode=args.mode,
+        baseline_seeds=args.baseline_seeds or BASELINE_SEEDS,
     )  # fmt: skip
     print(report)
     print(f"({time.perf_counter() - start:.0f} s)")

@@ -53,6 +53,7 @@ import numpy as np
 
 from harness.argtypes import positive_int
 from harness.errors import HarnessError
+from harness.fingerprint import describe
 
 if TYPE_CHECKING:
     import torch
@@ -979,7 +980,8 @@ def cost_section(results_dir: Path) -> str:
             overhead_line(record),
             f"Measured {str(record.get('created_at', '?'))[:10]} on {hw.get('device', '?')} "
             f"({hw.get('cpu_count', '?')} CPUs, {hw.get('torch_threads', '?')} torch threads), "
-            f"commit {str(env.get('git_commit', '?'))[:10]}.",
+            f"commit {str(env.get('git_commit', '?'))[:10]}; "
+            f"{describe(env.get('fingerprint'))}.",
             "",
             f"![cost of mining against batch size](figures/cost_{p['name']}.png)",
         ]

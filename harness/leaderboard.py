@@ -16,6 +16,7 @@ from tabulate import tabulate
 
 from harness.cost import cost_section
 from harness.errors import HarnessError
+from harness.fingerprint import describe
 from harness.metrics import UNBOUNDED_METRICS
 from harness.results import load_results
 
@@ -167,6 +168,7 @@ def render(runs: list[dict[str, Any]]) -> str:
         devices = sorted(
             {r.get("environment", {}).get("hardware", {}).get("device", "?") for r in group}
         )
+        machines = sorted({describe(r.get("environment", {}).get("fingerprint")) for r in group})
         dates = sorted(r.get("finished_at") or r.get("started_at") or "?" for r in group)
         title = f"## {name} (protocol v{version}, hash `{hash_}`)"
         if max_steps is not None:
@@ -185,7 +187,7 @@ def render(runs: list[dict[str, Any]]) -> str:
             )
         lines.append(
             f"Runs: {len(group)}; commits {', '.join(commits)}; devices {', '.join(devices)}; "
-            f"finished {dates[0][:10]} to {dates[-1][:10]}."
+            f"finished {dates[0][:10]} to {dates[-1][:10]}; made on {'; '.join(machines)}."
         )
     return "\n".join(lines) + "\n"
 

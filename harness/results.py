@@ -8,13 +8,13 @@ import platform
 import subprocess
 import tempfile
 import uuid
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness.errors import HarnessError
+from harness.fingerprint import machine_fingerprint, package_versions
 
 RESULT_SCHEMA = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -95,13 +95,9 @@ def machine_id() -> str:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """Where a number came from: code version, packages, hardware."""
-    packages = {}
-    for name in PACKAGES:
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+    """Where a number came from: code version, packages, hardware, and the machine
+    fingerprint that says which other machines reproduce it bit for bit."""
+    packages = package_versions(PACKAGES)
     dirty = _git("status", "--porcelain", "--", "harness", "methods", "protocols")
     hardware = {
         "device": str(device),
@@ -114,6 +110,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         hardware["gpu"] = torch.cuda.get_device_name(device)
     return {
+        "fingerprint": machine_fingerprint(device),
         "git_commit": _git("rev-parse", "HEAD") or "unknown",
         "git_dirty": bool(dirty),
         "python": platform.python_version(),

@@ -362,3 +362,54 @@ def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
         log.info("[%d/%d] %s seed %d: %s in %.1fs -> %s", n, len(specs), spec.method, spec.seed,
                  status, time.perf_counter() - start, path)  # fmt: skip
     return counts
+
+
+def _pin_worker(threads: int, log_level: int) -> None:
+    """Process-pool initializer: a fixed torch thread count and the registered methods."""
+    import methods  # noqa: F401  (a spawned worker starts with an empty registry)
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+
+def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[str, int]:
+    """Run specs in `workers` processes of `threads` torch threads each.
+
+    Float rounding depends on the thread count, so a sweep whose numbers are compared bit for
+    bit across machines (the regression check) pins it: then a 2-core and a 16-core machine
+    of one processor type agree, and the spare cores run other specs in parallel instead.
+    Returns counts by status; one failed run does not stop the others."""
+    for spec in specs:  # build each dataset cache once, here, before the workers read it
+        prepare_data(load_protocol(spec.protocol), spec.data_root)
+    counts: dict[str, int] = {}
+    start = time.perf_counter()
+    if workers <= 1:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            for n, spec in enumerate(specs, 1):
+                status, _ = execute(spec, progress=False)
+                counts[status] = counts.get(status, 0) + 1
+                log.info("[%d/%d] %s seed %d: %s (%.0f s)", n, len(specs), spec.method,
+                         spec.seed, status, time.perf_counter() - start)  # fmt: skip
+        finally:
+            torch.set_num_threads(previous)
+        return counts
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    level = logging.getLogger("harness").getEffectiveLevel()
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),  # fork after OpenMP init can hang
+        initializer=_pin_worker,
+        initargs=(threads, max(level, logging.WARNING)),
+    ) as pool:
+        futures = {pool.submit(execute, spec, False): spec for spec in specs}
+        for n, future in enumerate(as_completed(futures), 1):
+            spec = futures[future]
+            status, _ = future.result()
+            counts[status] = counts.get(status, 0) + 1
+            log.info("[%d/%d] %s seed %d: %s (%.0f s)", n, len(specs), spec.method, spec.seed,
+                     status, time.perf_counter() - start)  # fmt: skip
+    return counts

@@ -167,6 +167,10 @@ CASES = {
     "cuda without a GPU": (fixed("run", "--all", "--protocol", "smoke", "--device", "cuda"), "no CUDA GPU"),
     "unknown command": (fixed("trian"), "invalid choice"),
     "check update without reason": (fixed("check", "--update"), "--reason"),
+    "check baseline seeds without update": (fixed("check", "--baseline-seeds", "5"), "goes with --update"),
+    "check unknown mode": (fixed("check", "--mode", "fuzzy"), "invalid choice"),
+    "check too few baseline seeds": (fixed("check", "--update", "--reason", "r", "--baseline-seeds", "2"), "at least 3"),
+    "check old baseline file": (lambda tmp: (tmp / "regression.json").write_text('{"methods": {}}') and ["check", "--baselines", str(tmp)], "format-1 baseline"),
 }  # fmt: skip
 
 

@@ -1,83 +1,212 @@
-"""The CI regression check: a planted regression fails it, the committed baselines pass."""
+"""The CI regression check: exact on the baseline's machine, statistical elsewhere; a planted
+and a real regression fail it in both modes; the committed baseline covers every method."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from harness.check import DEFAULT_TOLERANCES, check, compare
+from harness.check import (
+    ALPHA,
+    BASELINE_DIR,
+    MIN_BOUND,
+    WATCH_DROP,
+    check,
+    compare,
+    load_baseline,
+    t_bound,
+    too_noisy,
+)
 from harness.cli import main
 from harness.errors import HarnessError
+from harness.protocol import load_protocol
+
+# A stand-in for another processor: torch and oneDNN take their AVX2 kernels.
+STAND_IN = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+REPO = Path(__file__).resolve().parent.parent
 
 
-def run(method: str, metrics: dict, version: int = 1, status: str = "ok") -> dict:
-    return {"status": status, "failure": None, "method": {"name": method, "version": version},
-            "metrics": metrics}  # fmt: skip
+def run(method: str, seed: int, metrics: dict, version: int = 1, status: str = "ok") -> dict:
+    return {"status": status, "failure": None, "seed": seed,
+            "method": {"name": method, "version": version}, "metrics": metrics}  # fmt: skip
 
 
 BASE = {
+    "format": 2,
     "protocol_hash": "h",
-    "tolerances": DEFAULT_TOLERANCES,
-    "method_tolerances": {"loose": {"map@r": 0.2}},
-    "methods": {"a": {"version": 1, "metrics": {"map@r": 0.50}},
-                "loose": {"version": 1, "metrics": {"map@r": 0.50}}},
-}  # fmt: skip
+    "seeds": [0, 1, 2, 3],
+    "methods": {"a": {"version": 1, "metrics": {"map@r": [0.50, 0.52, 0.48, 0.50]}}},
+}
 
 
-def statuses(runs: dict, baseline: dict = BASE, hash_: str = "h") -> dict:
-    return {(r.method, r.metric): r.status for r in compare(baseline, hash_, runs)}
+def runs_a(values: list[float], **kw) -> dict:
+    return {"a": [run("a", s, {"map@r": v}, **kw) for s, v in enumerate(values)]}
 
 
-def test_compare_flags_drops_beyond_tolerance_only():
-    tol = DEFAULT_TOLERANCES["map@r"]
-    assert statuses({"a": run("a", {"map@r": 0.50 - tol / 2})})[("a", "map@r")] == "ok"
-    assert statuses({"a": run("a", {"map@r": 0.50 - tol * 1.5})})[("a", "map@r")] == "REGRESSED"
-    assert statuses({"a": run("a", {"map@r": 0.50 + tol * 1.5})})[("a", "map@r")] == "improved"
-    assert statuses({"loose": run("loose", {"map@r": 0.35})})[("loose", "map@r")] == "ok"
+def statuses(runs: dict, exact: bool, seeds=(0, 1, 2), hash_: str = "h") -> dict:
+    return {(r.method, r.metric): r.status for r in compare(BASE, hash_, runs, list(seeds), exact)}
 
 
-def test_compare_fails_missing_changed_and_failed():
-    assert statuses({"new": run("new", {"map@r": 0.5})})[("new", "*")] == "missing baseline"
-    assert "version 1 -> 2" in statuses({"a": run("a", {"map@r": 0.5}, version=2)})[("a", "*")]
-    assert "run failed" in statuses({"a": run("a", {}, status="failed")})[("a", "*")]
+def test_t_bound_matches_the_hand_worked_pooled_t_test():
+    # base mean 0.50, variance 0.0008/3; now mean 0.46, variance 0.0002/2; pooled variance
+    # (0.0008 + 0.0002) / 5 = 0.0002; standard error sqrt(0.0002 * (1/4 + 1/3)) = 0.0108012;
+    # one-sided 99% quantile of Student's t with 5 df (tables): 3.36493.
+    base, now = [0.50, 0.52, 0.48, 0.50], [0.45, 0.47, 0.46]
+    assert t_bound(base, now, rows=1, alpha=0.01) == pytest.approx(3.36493 * 0.0108012, rel=1e-5)
+    # Bonferroni: ten rows test each at 0.001 (t quantile 5.89343), so the bound widens
+    assert t_bound(base, now, rows=10, alpha=0.01) == pytest.approx(5.89343 * 0.0108012, rel=1e-5)
+    assert t_bound([0.5] * 4, [0.5] * 3, rows=1) == MIN_BOUND  # no spread at all
+
+
+def test_statistical_mode_flags_a_drop_beyond_the_bound_only():
+    # bound for these spreads is about 0.036 (see above): a 0.04 drop regresses, 0.02 does not
+    assert statuses(runs_a([0.45, 0.47, 0.46]), exact=False)[("a", "map@r")] == "REGRESSED"
+    assert statuses(runs_a([0.47, 0.49, 0.48]), exact=False)[("a", "map@r")] == "ok"
+    assert statuses(runs_a([0.55, 0.57, 0.56]), exact=False)[("a", "map@r")] == "improved"
+
+
+def test_exact_mode_fails_any_difference_either_way():
+    assert statuses(runs_a([0.50, 0.52, 0.48]), exact=True)[("a", "map@r")] == "ok"
+    assert statuses(runs_a([0.50, 0.52, 0.48 + 1e-12]), exact=True)[("a", "map@r")] == "CHANGED"
+    assert statuses(runs_a([0.51, 0.52, 0.48]), exact=True)[("a", "map@r")] == "CHANGED"
+    # the check's seeds are looked up by seed, not by position
+    assert statuses(runs_a([0.52, 0.48]), exact=True, seeds=(1, 2))[("a", "map@r")] == "ok"
+
+
+def test_compare_fails_missing_changed_failed_and_foreign_seeds():
+    new = {"new": [run("new", 0, {"map@r": 0.5}), run("new", 1, {"map@r": 0.5})]}
+    assert statuses(new, exact=False, seeds=(0, 1))[("new", "*")] == "missing baseline"
+    version = statuses(runs_a([0.5, 0.5, 0.5], version=2), exact=False)[("a", "*")]
+    assert "version 1 -> 2" in version
     assert (
-        "protocol hash"
-        in statuses({"a": run("a", {"map@r": 0.5})}, hash_="other")[("*", "protocol")]
+        "run failed" in statuses(runs_a([0.5, 0.5, 0.5], status="failed"), exact=False)[("a", "*")]
+    )
+    nan = statuses(runs_a([0.5, float("nan"), 0.5]), exact=False)[("a", "map@r")]
+    assert nan.startswith("not finite")
+    assert "protocol hash" in statuses(runs_a([0.5] * 3), exact=False, hash_="x")[("*", "protocol")]
+    assert (
+        "not in the baseline" in statuses(runs_a([0.5] * 3), False, seeds=(0, 1, 7))[("*", "seeds")]
     )
 
 
-def test_planted_regression_fails_the_check_and_update_fixes_it(tmp_path: Path, capsys):
-    args = [
-        "-q",
-        "check",
-        "--protocol",
-        "smoke",
-        "--methods",
-        "contrastive",
-        "--baselines",
-        str(tmp_path),
-    ]
+def test_a_method_too_noisy_to_guard_is_named():
+    noisy = {**BASE, "methods": {"a": {"version": 1, "metrics": {"map@r": [0.1, 0.5, 0.2, 0.4]}}}}
+    rows = compare(noisy, "h", runs_a([0.3, 0.1, 0.5]), [0, 1, 2], exact=False)
+    assert set(too_noisy(rows)) == {"a"} and too_noisy(rows)["a"] > WATCH_DROP
+
+
+def test_an_old_baseline_file_is_refused_with_the_fix(tmp_path: Path):
+    path = tmp_path / "regression.json"
+    path.write_text(json.dumps({"protocol": "regression", "methods": {}}))
+    with pytest.raises(HarnessError, match="format-1 baseline.*--update --reason"):
+        load_baseline(path)
+
+
+def tiny_protocol(tmp_path: Path, name: str = "checktiny", overrides: str = "") -> str:
+    """The smoke protocol's data, trained a little longer, with two check seeds."""
+    text = (REPO / "protocols" / "smoke.yaml").read_text()
+    text = text.replace("name: smoke", f"name: {name}").replace("steps: 4", "steps: 12")
+    text = text.replace("seeds: [0]", "seeds: [0, 1, 2]") + overrides
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def check_cli(protocol: str, baselines: Path, *extra: str, env: dict | None = None):
+    """`harness check` in a subprocess (so that an environment can change its kernels)."""
+    cmd = [sys.executable, "-m", "harness", "-q", "check", "--protocol", protocol,
+           "--methods", "contrastive", "--baselines", str(baselines), *extra]  # fmt: skip
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+@pytest.mark.slow
+def test_planted_regression_fails_in_both_modes_and_on_a_stand_in_machine(tmp_path: Path, capsys):
+    protocol = tiny_protocol(tmp_path)
+    args = ["-q", "check", "--protocol", protocol, "--methods", "contrastive",
+            "--baselines", str(tmp_path)]  # fmt: skip
     with pytest.raises(HarnessError, match="no baseline file"):
-        check("smoke", ["contrastive"], tmp_path)
-    assert main([*args, "--update", "--reason", "test baselines"]) == 0
-    path = tmp_path / "smoke.json"
+        check(protocol, ["contrastive"], tmp_path)
+    assert main([*args, "--update", "--reason", "test baselines", "--baseline-seeds", "6"]) == 0
+    path = tmp_path / "checktiny.json"
     baseline = json.loads(path.read_text())
     assert baseline["reason"] == "test baselines" and baseline["commit"]
-    assert main(args) == 0  # deterministic: the same numbers again
-    baseline["methods"]["contrastive"]["metrics"]["map@r"] += 0.2  # plant a regression
-    path.write_text(json.dumps(baseline))
+    assert baseline["seeds"] == [0, 1, 2, 3, 4, 5] and baseline["fingerprint"]["torch_threads"] == 1
+    assert len(baseline["methods"]["contrastive"]["metrics"]["map@r"]) == 6
     capsys.readouterr()
+    assert main(args) == 0  # the same machine: exact, and the same numbers again
+    assert "mode: exact" in capsys.readouterr().out
+    assert main([*args, "--mode", "statistical"]) == 0
+    stand_in = check_cli(protocol, tmp_path, env=STAND_IN)
+    assert stand_in.returncode == 0, stand_in.stdout + stand_in.stderr
+    assert "mode: statistical (another machine" in stand_in.stdout
+
+    for metrics in baseline["methods"]["contrastive"]["metrics"].values():  # plant a regression
+        metrics[:] = [v + 0.3 for v in metrics]
+    path.write_text(json.dumps(baseline))
     assert main(args) == 1
     out = capsys.readouterr().out
-    assert "REGRESSED" in out and "check FAILED" in out
+    assert "CHANGED" in out and "check FAILED (exact)" in out
+    assert main([*args, "--mode", "statistical"]) == 1
+    assert "REGRESSED" in capsys.readouterr().out
+    stand_in = check_cli(protocol, tmp_path, env=STAND_IN)
+    assert stand_in.returncode == 1 and "check FAILED (statistical)" in stand_in.stdout
 
 
-def test_committed_baselines_cover_every_method():
+@pytest.mark.slow
+def test_a_method_made_worse_on_purpose_fails_the_statistical_check(tmp_path: Path):
+    """Contrastive with margin 0 never pushes negatives apart: against the committed baseline
+    (the same protocol otherwise), its metrics regress beyond the statistical bound."""
+    from harness.check import run_protocol
+
+    text = (
+        (REPO / "protocols" / "regression.yaml")
+        .read_text()
+        .replace("name: regression", "name: regression_worse")
+    )
+    (tmp_path / "worse.yaml").write_text(text + "methods:\n  contrastive: {margin: 0}\n")
+    worse = load_protocol(str(tmp_path / "worse.yaml"))
+    baseline = load_baseline(BASELINE_DIR / "regression.json")
+    runs = run_protocol(worse, ["contrastive"], worse.seeds, tmp_path / "r", "cpu")
+    rows = compare(baseline, baseline["protocol_hash"], runs, worse.seeds, exact=False)
+    regressed = {r.metric for r in rows if r.status == "REGRESSED"}
+    assert {"map@r", "nmi"} <= regressed, rows
+
+
+def test_committed_baseline_covers_every_method_with_enough_seeds():
     import methods  # noqa: F401
-    from harness.check import BASELINE_DIR
     from harness.method import METHODS
-    from harness.protocol import load_protocol
 
-    baseline = json.loads((BASELINE_DIR / "regression.json").read_text())
+    baseline = load_baseline(BASELINE_DIR / "regression.json")
+    protocol = load_protocol("regression")
     assert set(baseline["methods"]) == set(METHODS.names())
-    assert baseline["protocol_hash"] == load_protocol("regression").hash
+    assert baseline["protocol_hash"] == protocol.hash
+    assert set(protocol.seeds) <= set(baseline["seeds"]) and len(protocol.seeds) >= 3
+    assert baseline["fingerprint"]["torch_threads"] == 1 and baseline["fingerprint"]["id"]
+    for name, entry in baseline["methods"].items():
+        assert entry["version"] == METHODS.get(name).version
+        assert all(len(v) == len(baseline["seeds"]) for v in entry["metrics"].values()), name
+    assert 0 < ALPHA <= 0.05
+
+
+@pytest.mark.slow
+def test_committed_baseline_holds_on_a_stand_in_processor(tmp_path: Path):
+    """Two methods of the real check under other kernels: statistical mode, and it passes;
+    every baseline value raised by 0.3 fails it."""
+    names = "contrastive,triplet"
+    cmd = [sys.executable, "-m", "harness", "-q", "check", "--methods", names]
+    env = {**os.environ, **STAND_IN}
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "mode: statistical (another machine" in out.stdout
+    planted = load_baseline(BASELINE_DIR / "regression.json")
+    for entry in planted["methods"].values():
+        for values in entry["metrics"].values():
+            values[:] = [v + 0.3 for v in values]
+    (tmp_path / "regression.json").write_text(json.dumps(planted))
+    out = subprocess.run([*cmd, "--baselines", str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=env)  # fmt: skip
+    assert out.returncode == 1 and "REGRESSED" in out.stdout
