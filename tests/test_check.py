@@ -2,12 +2,12 @@
 and a real regression fail it in both modes; the committed baseline covers every method."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from stand_in import other_kernels_env
 
 from harness.check import (
     ALPHA,
@@ -24,8 +24,6 @@ from harness.cli import main
 from harness.errors import HarnessError
 from harness.protocol import load_protocol
 
-# A stand-in for another processor: torch and oneDNN take their AVX2 kernels.
-STAND_IN = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -115,12 +113,12 @@ def tiny_protocol(tmp_path: Path, name: str = "checktiny", overrides: str = "") 
     return str(path)
 
 
-def check_cli(protocol: str, baselines: Path, *extra: str, env: dict | None = None):
-    """`harness check` in a subprocess (so that an environment can change its kernels)."""
+def check_on_stand_in(protocol: str, baselines: Path):
+    """`harness check` in a subprocess that takes other kernels: another processor."""
     cmd = [sys.executable, "-m", "harness", "-q", "check", "--protocol", protocol,
-           "--methods", "contrastive", "--baselines", str(baselines), *extra]  # fmt: skip
+           "--methods", "contrastive", "--baselines", str(baselines)]  # fmt: skip
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+                          env=other_kernels_env())  # fmt: skip
 
 
 @pytest.mark.slow
@@ -139,7 +137,7 @@ def test_planted_regression_fails_in_both_modes_and_on_a_stand_in_machine(tmp_pa
     capsys.readouterr()
     assert main(args) == 0  # the same machine: exact, and the same numbers again
     assert "mode: exact" in capsys.readouterr().out
-    stand_in = check_cli(protocol, tmp_path, env=STAND_IN)
+    stand_in = check_on_stand_in(protocol, tmp_path)
     assert stand_in.returncode == 0, stand_in.stdout + stand_in.stderr
     assert "mode: statistical (another machine" in stand_in.stdout
 
@@ -149,7 +147,7 @@ def test_planted_regression_fails_in_both_modes_and_on_a_stand_in_machine(tmp_pa
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "CHANGED" in out and "check FAILED (exact)" in out
-    stand_in = check_cli(protocol, tmp_path, env=STAND_IN)
+    stand_in = check_on_stand_in(protocol, tmp_path)
     assert stand_in.returncode == 1 and "check FAILED (statistical)" in stand_in.stdout
     assert "REGRESSED" in stand_in.stdout
     # forced statistical mode here too (the runs of a kept results folder are reused)
@@ -211,7 +209,7 @@ def test_committed_baseline_holds_on_a_stand_in_processor(tmp_path: Path):
     every baseline value raised by 0.3 fails it."""
     names = "contrastive,triplet"
     cmd = [sys.executable, "-m", "harness", "-q", "check", "--methods", names]
-    env = {**os.environ, **STAND_IN}
+    env = other_kernels_env()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "mode: statistical (another machine" in out.stdout

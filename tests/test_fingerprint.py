@@ -1,11 +1,11 @@
 """The machine fingerprint names what decides float rounding, and only that."""
 
 import json
-import os
 import subprocess
 import sys
 
 import torch
+from stand_in import other_kernels_env, plain_env
 
 from harness.fingerprint import describe, fingerprint_id, machine_fingerprint
 from harness.results import environment
@@ -15,9 +15,9 @@ PRINT_FP = (
 )
 
 
-def fingerprint_in_subprocess(**env: str) -> dict:
+def fingerprint_in_subprocess(env: dict[str, str]) -> dict:
     out = subprocess.run([sys.executable, "-c", PRINT_FP], capture_output=True, text=True,
-                         env={**os.environ, **env}, check=True, timeout=120)  # fmt: skip
+                         env=env, check=True, timeout=120)  # fmt: skip
     return json.loads(out.stdout)
 
 
@@ -41,8 +41,10 @@ def test_id_follows_threads_but_not_core_count():
 
 
 def test_the_isa_stand_in_gives_another_fingerprint():
-    native = fingerprint_in_subprocess()
-    stand_in = fingerprint_in_subprocess(ATEN_CPU_CAPABILITY="default")
-    assert stand_in["torch_cpu_isa"] == "DEFAULT"
-    assert stand_in["kernel_env"] == {"ATEN_CPU_CAPABILITY": "default"}
-    assert stand_in["id"] != native["id"]
+    plain = fingerprint_in_subprocess(plain_env())
+    stand_in = fingerprint_in_subprocess(other_kernels_env())
+    assert plain["torch_cpu_isa"] != stand_in["torch_cpu_isa"]
+    assert "ATEN_CPU_CAPABILITY" not in plain["kernel_env"]
+    assert stand_in["kernel_env"]["ATEN_CPU_CAPABILITY"] in ("avx2", "default")
+    assert stand_in["id"] != plain["id"]
+    assert machine_fingerprint()["id"] != stand_in["id"]
