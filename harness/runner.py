@@ -406,10 +406,15 @@ def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[s
         initargs=(threads, max(level, logging.WARNING)),
     ) as pool:
         futures = {pool.submit(execute, spec, False): spec for spec in specs}
-        for n, future in enumerate(as_completed(futures), 1):
-            spec = futures[future]
-            status, _ = future.result()
-            counts[status] = counts.get(status, 0) + 1
-            log.info("[%d/%d] %s seed %d: %s (%.0f s)", n, len(specs), spec.method, spec.seed,
-                     status, time.perf_counter() - start)  # fmt: skip
+        try:
+            for n, future in enumerate(as_completed(futures), 1):
+                spec = futures[future]
+                status, _ = future.result()
+                counts[status] = counts.get(status, 0) + 1
+                log.info("[%d/%d] %s seed %d: %s (%.0f s)", n, len(specs), spec.method,
+                         spec.seed, status, time.perf_counter() - start)  # fmt: skip
+        except BaseException:  # an error or Ctrl-C: finished results stay, queued runs do not start
+            for future in futures:
+                future.cancel()
+            raise
     return counts
