@@ -41,7 +41,7 @@ from harness.errors import HarnessError
 from harness.fingerprint import describe
 from harness.method import METHODS
 from harness.protocol import Protocol, load_protocol
-from harness.results import REPO_ROOT, environment, read_result, result_path, write_json_atomic
+from harness.results import REPO_ROOT, read_result, result_path, write_json_atomic
 from harness.runner import plan, resolve_device, sweep_pinned
 
 log = logging.getLogger(__name__)
@@ -158,11 +158,11 @@ def compare(
                     f"seeds {missing} are not in the baseline's {baseline['seeds']}: "
                     "run check --update --reason ...")]  # fmt: skip
     at = [baseline["seeds"].index(s) for s in seeds]
-    comparable = {m: rs for m, rs in runs.items() if _structural(baseline, m, rs) is None}
-    tested = sum(len(rs[0]["metrics"]) for rs in comparable.values())
+    problems = {m: _structural(baseline, m, rs) for m, rs in runs.items()}
+    tested = sum(len(rs[0]["metrics"]) for m, rs in runs.items() if problems[m] is None)
     rows: list[Row] = []
     for method, method_runs in sorted(runs.items()):
-        problem = _structural(baseline, method, method_runs)
+        problem = problems[method]
         if problem is not None:
             rows.append(Row(method, "*", None, None, None, problem))
             continue
@@ -214,8 +214,8 @@ def detectable_table(rows: list[Row]) -> str:
         if r.bound is not None:
             by_method.setdefault(r.method, {})[r.metric] = r.bound
     metrics = sorted({m for b in by_method.values() for m in b}, key=_metric_order)
-    table = [[m, *(fmt_bound(b.get(k)) for k in metrics),
-              "TOO NOISY" if b.get(WATCH_METRIC, 0) > WATCH_DROP else ""]
+    noisy = too_noisy(rows)
+    table = [[m, *(fmt_bound(b.get(k)) for k in metrics), "TOO NOISY" if m in noisy else ""]
              for m, b in sorted(by_method.items())]  # fmt: skip
     return tabulate(table, headers=["smallest detectable drop", *metrics, ""],
                     disable_numparse=True)  # fmt: skip
@@ -232,11 +232,11 @@ def _metric_order(name: str) -> tuple[int, str]:
 
 def update(
     path: Path, protocol: Protocol, runs: dict[str, list[dict]], seeds: list[int], reason: str,
-    device: str, partial: bool,
+    partial: bool,
 ) -> list[str]:  # fmt: skip
     """Write the baseline file from the runs; returns the methods left out (failed runs).
     A partial update (some methods) keeps the others, if they were made on this machine."""
-    env = environment(resolve_device(device))
+    env = next(iter(runs.values()))[0]["environment"]  # the workers' (threads as they ran)
     fingerprint = run_fingerprint(runs)
     old_methods: dict[str, Any] = {}
     if partial and path.exists():
@@ -311,7 +311,7 @@ def check(
     try:
         runs = run_protocol(protocol, names, seeds, runs_dir, device)
         if update_reason is not None:
-            left_out = update(path, protocol, runs, seeds, update_reason, device, bool(methods))
+            left_out = update(path, protocol, runs, seeds, update_reason, bool(methods))
             note = f"; failed runs left out: {', '.join(left_out)}" if left_out else ""
             outcome = not left_out, f"baselines for seeds {seeds} written to {path}{note}"
         else:
