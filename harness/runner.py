@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness.backbones import build_backbone, weights_record
+from harness.backbones import weights_record
 from harness.data import DATASETS, LabelledImages, default_cache_dir
 from harness.errors import HarnessError
 from harness.evaluate import evaluate, evaluate_query_gallery, retrieval_record, selection_score
-from harness.method import METHODS, MethodContext, MethodSpec
+from harness.method import METHODS, MethodSpec
+from harness.model import build_model
 from harness.protocol import Protocol, load_protocol
 from harness.registry import closest
 from harness.results import (
@@ -270,29 +271,17 @@ def _execute(
         write_json_atomic(path, record)
         return "not_applicable", path
 
-    # Bit-identical reruns: without this, multi-threaded CPU kernels (and cuDNN) may sum in
-    # a different order from run to run.
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.manual_seed(spec.seed)  # the same backbone initialisation for every method
-    np.random.seed(spec.seed)
-    backbone_spec = protocol.backbone
-    if spec.weights:
-        backbone_spec = dataclasses.replace(backbone_spec, weights_file=spec.weights)
-    if backbone_spec.weights_file:
-        record["backbone_weights"] = weights_record(backbone_spec.weights_file)
-    backbone = build_backbone(backbone_spec, data.images.shape[1]).to(device)
+    weights_file = spec.weights or protocol.backbone.weights_file
+    if weights_file:
+        record["backbone_weights"] = weights_record(weights_file)
     train_labels = data.labels[split.train]
-    ctx = MethodContext(
-        stage_dims=tuple(backbone.stage_dims),
-        embedding_dim=protocol.embedding_dim,
+    model = build_model(
+        protocol, spec.method, hyper, spec.seed, device, in_channels=data.images.shape[1],
         num_classes=len(np.unique(train_labels)),
         num_coarse_classes=len(data.coarse_names) if data.coarse_names else None,
-    )
-    method = method_spec.build(ctx, **hyper)
-    method.head.to(device)
-    if method.loss is not None:
-        method.loss.to(device)
+        weights=spec.weights,
+    )  # fmt: skip
+    backbone, method = model.backbone, model.method
     train_coarse = None if data.coarse_labels is None else data.coarse_labels[split.train]
     ckpt = checkpoint_path(results_dir, protocol.name, spec.method, spec.seed)
     identity = json.dumps([record["protocol"]["hash"], record["method"], spec.seed,
@@ -307,9 +296,9 @@ def _execute(
 
     try:
         stats = train(backbone, method, data.images[split.train], contiguous(train_labels),
-                      train_coarse, protocol, spec.seed, device, spec.max_steps, progress,
-                      checkpoint=ckpt, identity=identity, on_epoch_end=on_epoch_end,
-                      validate=validate)  # fmt: skip
+                      train_coarse, protocol, spec.seed, device, max_steps=spec.max_steps,
+                      progress=progress, checkpoint=ckpt, identity=identity,
+                      on_epoch_end=on_epoch_end, validate=validate)  # fmt: skip
     except TrainingFailed as exc:
         record.update(status="failed", failure=str(exc))
         write_json_atomic(path, record)

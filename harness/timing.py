@@ -39,8 +39,19 @@ class PhaseTimer:
                 pairs.clear()
         return self._seconds
 
+    def reset(self) -> None:
+        """Forget every phase's total (e.g. after warm-up steps that must not count)."""
+        self._seconds.clear()
+        self._events.clear()
+
+    def total(self, *names: str) -> float:
+        """The summed seconds of the named phases (synchronises once on CUDA)."""
+        seconds = self.seconds
+        return sum(seconds.get(name, 0.0) for name in names)
+
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Time the enclosed block into the phase `name` (added to its total)."""
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -1,10 +1,11 @@
-"""One generic training loop: P x K batches -> backbone -> head -> miner -> loss -> step.
+"""The training loop: a short loop over `harness.step.TrainingStep` under the protocol's budget.
 
 No branch here knows which method it trains; everything method-specific comes through the
-Method contract. Mining and loss are timed separately for the cost comparison. At the end
-of every epoch the whole training state (weights, optimizer, sampler and RNG state) is
-checkpointed atomically, so an interrupted run resumes where it stopped and ends with the
-same numbers as an uninterrupted one.
+Method contract. The state a run needs to go on (modules, optimizer, sampler, RNG, best
+weights, counters) is one `TrainingState`, checkpointed atomically at the end of every epoch,
+so an interrupted run resumes where it stopped and ends with the same numbers as an
+uninterrupted one. Epoch-end work (loss read-back, validation and selection, checkpoint,
+log, callback) lives in named functions of `_Session`, this call's unsaved bookkeeping.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from torch import nn
 from tqdm import tqdm
 
 from harness.backbones import Backbone
-from harness.method import Batch, Method, Mined
+from harness.method import Method
 from harness.protocol import Protocol
 from harness.sampler import PKSampler
-from harness.timing import PhaseTimer
+from harness.step import StepResult, TrainingStep, trainable_modules
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,224 @@ def load_checkpoint(path: Path | None, identity: str) -> dict[str, Any] | None:
     return state
 
 
+class TrainingState:
+    """Everything an interrupted run needs to go on exactly where it stopped: the modules,
+    the optimizer, the sampler (its RNG included), the torch RNG, the statistics so far and
+    the best epoch's weights. It saves, loads and resumes itself."""
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        method: Method,
+        labels: np.ndarray,
+        protocol: Protocol,
+        seed: int,
+        device: torch.device,
+    ) -> None:
+        spec = protocol.sampler
+        self.sampler = PKSampler(labels, spec.classes_per_batch, spec.images_per_class, seed)
+        self.modules = trainable_modules(backbone, method)
+        params = [p for p in self.modules.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(params, protocol)
+        self.device = device
+        self.stats = TrainStats()
+        self.best_state: dict[str, Any] | None = None
+
+    def state_dict(self, identity: str) -> dict[str, Any]:
+        cuda = self.device.type == "cuda"
+        return {
+            "identity": identity,
+            "modules": self.modules.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if cuda else None,
+            "stats": dataclasses.asdict(self.stats),
+            "best_state": self.best_state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.modules.load_state_dict(state["modules"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        self.stats = TrainStats(**state["stats"])
+        self.best_state = state.get("best_state")
+
+    def save(self, path: Path, identity: str) -> None:
+        save_checkpoint(path, self.state_dict(identity))
+
+    def resume(self, path: Path | None, identity: str) -> bool:
+        """Load the checkpoint at `path` if it is this run's (same identity); True if so."""
+        state = load_checkpoint(path, identity)
+        if state is None:
+            return False
+        self.load_state_dict(state)
+        self.stats.resumed_from_step = self.stats.steps
+        return True
+
+    def keep_if_best(self) -> None:
+        """After a validation: remember this epoch's weights if its score is the best yet."""
+        scores = self.stats.validation
+        if scores[-1] > max(scores[:-1], default=-math.inf):
+            self.stats.best_epoch = len(scores)
+            self.best_state = {k: v.detach().to("cpu", copy=True)
+                               for k, v in self.modules.state_dict().items()}  # fmt: skip
+
+    def restore_best(self) -> None:
+        """Leave the best validation epoch's weights in the modules (if any was selected)."""
+        if self.best_state is not None:
+            self.modules.load_state_dict(self.best_state)
+
+
+class _Session:
+    """This call's bookkeeping, not saved: the timer, losses not yet read back, the running
+    epoch's sums, the progress bar, and the clock that train_seconds is measured by."""
+
+    def __init__(
+        self, state: TrainingState, step: TrainingStep, protocol: Protocol, total: int,
+        progress: bool,
+    ) -> None:  # fmt: skip
+        self.state, self.step, self.protocol, self.total = state, step, protocol, total
+        self.per_epoch = state.sampler.batches_per_epoch
+        stats = state.stats
+        self.timer = step.timer
+        self.timer.seconds["mining"], self.timer.seconds["loss"] = (
+            stats.mining_seconds, stats.loss_seconds
+        )  # fmt: skip
+        self.elapsed = stats.train_seconds  # of the sessions before a resume
+        self.validation_seconds = 0.0  # validation seconds since this call started
+        self.running, self.in_epoch, self.consecutive_empty = 0.0, 0, 0
+        self.pending: list[torch.Tensor] = []  # this window's losses, still on the device
+        self.bar = tqdm(total=total, initial=stats.steps, desc="train", unit="step",
+                        disable=not progress, leave=False)  # fmt: skip
+        self.start = self.timer.now()
+        self.epoch_start = time.perf_counter()
+
+    def set_learning_rate(self, step: int) -> None:
+        factor = lr_factor(self.protocol, step / self.per_epoch, self.total / self.per_epoch)
+        for group in self.state.optimizer.param_groups:
+            group["lr"] = self.protocol.optimizer.lr * factor
+
+    def train_step(self, step: int) -> None:
+        """One step at the schedule's learning rate, counted; the empty-step policy."""
+        self.set_learning_rate(step)
+        idx = torch.from_numpy(self.state.sampler.next_batch())
+        result = self.step(idx, check_indices=step % LOSS_READBACK_STEPS == 0)
+        self.count(result)
+        self.pending.append(result.loss)
+        if result.trained:
+            self.consecutive_empty = 0
+        else:
+            self.state.stats.empty_steps += 1
+            self.consecutive_empty += 1
+            if self.consecutive_empty >= MAX_EMPTY_STEPS:
+                raise TrainingFailed(
+                    f"the miner found no tuples for {self.consecutive_empty} consecutive steps "
+                    f"(until step {step}): nothing left to train on"
+                )
+        self.state.stats.steps += 1
+        self.state.stats.images += result.images
+        self.in_epoch += 1
+        self.bar.update(1)
+
+    def count(self, result: StepResult) -> None:
+        if result.mined is not None:
+            stats = self.state.stats
+            stats.tuple_kind = type(result.mined).__name__.lower()
+            stats.tuples_mined += result.mined.count()
+            stats.pair_scores_evaluated += result.mined.evaluated
+
+    def is_epoch_end(self, step: int) -> bool:
+        return (step + 1) % self.per_epoch == 0 or step == self.total - 1
+
+    def read_back(self, step: int) -> None:
+        """The window's losses to the host (one synchronisation); a non-finite one fails the
+        run with its exact step."""
+        values = torch.stack(self.pending).float().cpu().tolist()
+        bad = next((n for n, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is not None:
+            at = step + 1 - len(values) + bad
+            raise TrainingFailed(
+                f"loss became {values[bad]} at step {at} (epoch {at / self.per_epoch:.2f})"
+            )
+        self.running += sum(values)
+        self.pending.clear()
+        self.bar.set_postfix(epoch=f"{(step + 1) / self.per_epoch:.1f}",
+                             loss=f"{sum(values) / len(values):.4f}", refresh=False)  # fmt: skip
+
+    def record_times(self) -> None:
+        """Training seconds (validation excluded), phase seconds and epochs into the stats."""
+        stats = self.state.stats
+        stats.train_seconds = self.elapsed + self.timer.now() - self.start - self.validation_seconds
+        stats.mining_seconds = self.timer.seconds["mining"]
+        stats.loss_seconds = self.timer.seconds["loss"]
+        stats.epochs = stats.steps / self.per_epoch
+
+    def close_epoch(self) -> float:
+        """The epoch's mean loss and seconds into the stats; returns the epoch's seconds."""
+        seconds = time.perf_counter() - self.epoch_start
+        self.state.stats.epoch_loss.append(self.running / self.in_epoch)
+        self.state.stats.epoch_seconds.append(seconds)
+        self.record_times()
+        return seconds
+
+    def validate(self, validate: Callable[[], float]) -> None:
+        """Score the epoch on the validation split; keep its weights if they are the best."""
+        begin = time.perf_counter()
+        self.state.stats.validation.append(float(validate()))
+        self.state.stats.validation_seconds += time.perf_counter() - begin
+        self.validation_seconds += time.perf_counter() - begin
+        self.state.modules.train()  # validation embedded in eval mode
+        self.state.keep_if_best()
+
+    def log_epoch(self, step: int, seconds: float) -> None:
+        stats = self.state.stats
+        done = (step + 1) / self.total
+        eta = stats.train_seconds * (1 - done) / done
+        log.info("epoch %d/%d  loss %.4f  %.1fs  eta %.0fs", len(stats.epoch_loss),
+                 math.ceil(self.total / self.per_epoch), stats.epoch_loss[-1], seconds, eta)  # fmt: skip
+
+    def next_epoch(self) -> None:
+        self.running, self.in_epoch, self.epoch_start = 0.0, 0, time.perf_counter()
+
+    def explain(self, exc: Exception) -> None:
+        """A non-finite loss not yet read back may be what made a later step fail: say so."""
+        values = torch.stack(self.pending).float().cpu() if self.pending else torch.zeros(0)
+        if not torch.isfinite(values).all():
+            raise TrainingFailed(
+                f"the loss became non-finite, then training failed: {exc}"
+            ) from exc
+
+
+def total_steps(protocol: Protocol, per_epoch: int, max_steps: int | None) -> int:
+    """The protocol's budget in steps, capped by max_steps."""
+    total = protocol.budget.steps or protocol.budget.epochs * per_epoch
+    return total if max_steps is None else min(total, max_steps)
+
+
+def _end_epoch(
+    session: _Session,
+    step: int,
+    checkpoint: Path | None,
+    identity: str,
+    validate: Callable[[], float] | None,
+    on_epoch_end: Callable[[int], None] | None,
+) -> None:
+    """Epoch end: statistics, validation and selection, log, checkpoint, callback."""
+    seconds = session.close_epoch()
+    if validate is not None:
+        session.validate(validate)
+    session.log_epoch(step, seconds)
+    if checkpoint is not None and step < session.total - 1:  # the last one is never resumed
+        session.state.save(checkpoint, identity)
+    if on_epoch_end is not None:
+        on_epoch_end(len(session.state.stats.epoch_loss))
+    session.next_epoch()
+
+
 def train(
     backbone: Backbone,
     method: Method,
@@ -137,6 +356,7 @@ def train(
     protocol: Protocol,
     seed: int,
     device: torch.device,
+    *,
     max_steps: int | None = None,
     progress: bool = True,
     checkpoint: Path | None = None,
@@ -152,153 +372,30 @@ def train(
     metric on the validation split, higher is better), it is called after every epoch and
     the best epoch's weights are the ones left in the modules at the end.
     """
-    stats = TrainStats()
     if not method.trains:
-        return stats
-    sampler = PKSampler(
-        labels, protocol.sampler.classes_per_batch, protocol.sampler.images_per_class, seed
-    )
-    per_epoch = sampler.batches_per_epoch
-    total = protocol.budget.steps or protocol.budget.epochs * per_epoch
-    if max_steps is not None:
-        total = min(total, max_steps)
-    modules = nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
-    params = [p for p in modules.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, protocol)
-    first_step, elapsed = 0, 0.0
-    best_state: dict[str, Any] | None = None
-    session_validation = 0.0  # validation seconds since this call started
-    state = load_checkpoint(checkpoint, identity)
-    if state is not None:
-        modules.load_state_dict(state["modules"])
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["torch_rng"])
-        if device.type == "cuda" and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(state["cuda_rng"], device)
-        stats = TrainStats(**state["stats"])
-        best_state = state.get("best_state")
-        first_step, elapsed = stats.steps, stats.train_seconds
-        stats.resumed_from_step = first_step
-        log.info("resuming from %s at step %d/%d", checkpoint, first_step, total)
-    labels_t = torch.as_tensor(labels, device=device)
-    coarse_t = None if coarse_labels is None else torch.as_tensor(coarse_labels, device=device)
-    timer = PhaseTimer(device)
-    timer.seconds["mining"], timer.seconds["loss"] = stats.mining_seconds, stats.loss_seconds
-    modules.train()
-    running, in_epoch, consecutive_empty = 0.0, 0, 0
-    pending: list[torch.Tensor] = []  # this window's losses, still on the device
-    bar = tqdm(
-        total=total, initial=first_step, desc="train", unit="step", disable=not progress,
-        leave=False,
-    )  # fmt: skip
-    start = timer.now()
-    epoch_start = time.perf_counter()
+        return TrainStats()
+    state = TrainingState(backbone, method, labels, protocol, seed, device)
+    total = total_steps(protocol, state.sampler.batches_per_epoch, max_steps)
+    if state.resume(checkpoint, identity):
+        log.info("resuming from %s at step %d/%d", checkpoint, state.stats.steps, total)
+    step = TrainingStep(backbone, method, state.optimizer, images, labels, coarse_labels, device)
+    session = _Session(state, step, protocol, total, progress)
+    state.modules.train()
     try:
-        for step in range(first_step, total):
-            epoch = step / per_epoch
-            for group in optimizer.param_groups:
-                group["lr"] = protocol.optimizer.lr * lr_factor(protocol, epoch, total / per_epoch)
-            idx = torch.from_numpy(sampler.next_batch())
-            x = backbone.prepare(images[idx].to(device, non_blocking=True))
-            idx_dev = idx.to(device)
-            batch = Batch(labels_t[idx_dev], None if coarse_t is None else coarse_t[idx_dev])
-            out = method.head(backbone(x))
-            mined: Mined | None = None
-            if method.miner is not None:
-                with timer.phase("mining"), torch.no_grad():
-                    mined = method.miner(out, batch)
-                mined.check(len(idx), indices=step % LOSS_READBACK_STEPS == 0)
-                stats.tuple_kind = type(mined).__name__.lower()
-                stats.tuples_mined += mined.count()
-                stats.pair_scores_evaluated += mined.evaluated
-            with timer.phase("loss"):
-                loss = method.loss(out, batch, mined)
-            pending.append(loss.detach())
-            optimizer.zero_grad(set_to_none=True)
-            if loss.requires_grad and (mined is None or mined.count() > 0):
-                loss.backward()
-                optimizer.step()
-                consecutive_empty = 0
-            else:
-                stats.empty_steps += 1
-                consecutive_empty += 1
-                if consecutive_empty >= MAX_EMPTY_STEPS:
-                    raise TrainingFailed(
-                        f"the miner found no tuples for {consecutive_empty} consecutive steps "
-                        f"(until step {step}): nothing left to train on"
-                    )
-            stats.steps += 1
-            stats.images += len(idx)
-            in_epoch += 1
-            bar.update(1)
-            epoch_end = (step + 1) % per_epoch == 0 or step == total - 1
-            if epoch_end or len(pending) >= LOSS_READBACK_STEPS:
-                values = torch.stack(pending).float().cpu().tolist()
-                bad = next((n for n, v in enumerate(values) if not math.isfinite(v)), None)
-                if bad is not None:
-                    at = step + 1 - len(values) + bad
-                    raise TrainingFailed(
-                        f"loss became {values[bad]} at step {at} (epoch {at / per_epoch:.2f})"
-                    )
-                running += sum(values)
-                pending.clear()
-                bar.set_postfix(epoch=f"{(step + 1) / per_epoch:.1f}",
-                                loss=f"{sum(values) / len(values):.4f}", refresh=False)  # fmt: skip
+        for n in range(state.stats.steps, total):
+            session.train_step(n)
+            epoch_end = session.is_epoch_end(n)
+            if epoch_end or len(session.pending) >= LOSS_READBACK_STEPS:
+                session.read_back(n)
             if epoch_end:
-                now = time.perf_counter()
-                stats.epoch_loss.append(running / in_epoch)
-                stats.epoch_seconds.append(now - epoch_start)
-                stats.train_seconds = elapsed + timer.now() - start - session_validation
-                stats.mining_seconds = timer.seconds["mining"]
-                stats.loss_seconds = timer.seconds["loss"]
-                stats.epochs = stats.steps / per_epoch
-                if validate is not None:
-                    val_start = time.perf_counter()
-                    stats.validation.append(float(validate()))
-                    stats.validation_seconds += time.perf_counter() - val_start
-                    session_validation += time.perf_counter() - val_start
-                    modules.train()  # validation embedded in eval mode
-                    if stats.validation[-1] > max(stats.validation[:-1], default=-math.inf):
-                        stats.best_epoch = len(stats.validation)
-                        best_state = {k: v.detach().to("cpu", copy=True)
-                                      for k, v in modules.state_dict().items()}  # fmt: skip
-                done = (step + 1) / total
-                eta = stats.train_seconds * (1 - done) / done
-                log.info(
-                    "epoch %d/%d  loss %.4f  %.1fs  eta %.0fs",
-                    len(stats.epoch_loss), math.ceil(total / per_epoch), stats.epoch_loss[-1],
-                    now - epoch_start, eta,
-                )  # fmt: skip
-                if checkpoint is not None and step < total - 1:
-                    save_checkpoint(checkpoint, {
-                        "identity": identity,
-                        "modules": modules.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "sampler": sampler.state_dict(),
-                        "torch_rng": torch.get_rng_state(),
-                        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                        "stats": dataclasses.asdict(stats),
-                        "best_state": best_state,
-                    })  # fmt: skip
-                if on_epoch_end is not None:
-                    on_epoch_end(len(stats.epoch_loss))
-                running, in_epoch, epoch_start = 0.0, 0, time.perf_counter()
+                _end_epoch(session, n, checkpoint, identity, validate, on_epoch_end)
     except TrainingFailed:
         raise
     except Exception as exc:
-        # A non-finite loss not yet read back may be what made a later step fail: say so.
-        values = torch.stack(pending).float().cpu() if pending else torch.zeros(0)
-        if not torch.isfinite(values).all():
-            raise TrainingFailed(
-                f"the loss became non-finite, then training failed: {exc}"
-            ) from exc
+        session.explain(exc)
         raise
-    bar.close()
-    if best_state is not None:
-        modules.load_state_dict(best_state)
-    stats.train_seconds = elapsed + timer.now() - start - session_validation
-    stats.mining_seconds = timer.seconds["mining"]
-    stats.loss_seconds = timer.seconds["loss"]
-    stats.epochs = stats.steps / per_epoch
-    return stats
+    finally:
+        session.bar.close()
+    state.restore_best()
+    session.record_times()
+    return state.stats

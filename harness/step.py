@@ -1,0 +1,135 @@
+"""ONE training step: batch -> backbone -> head -> miner -> loss -> backward -> optimizer.
+
+The training loop (`harness.train`), the cost command's throughput measurement and, through
+`train`, its overhead measurement all call `TrainingStep`, so what is timed is what trains.
+Mining and the loss are timed as phases of a `PhaseTimer` (CUDA events on a GPU, so timing
+does not stall it). Nothing here knows which method it trains: everything method-specific
+comes through the Method contract. The learning-rate schedule, the loss read-back and the
+empty-step policy belong to the loop that calls the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from harness.backbones import Backbone
+from harness.method import Batch, Embedded, Method, Mined
+from harness.timing import PhaseTimer
+
+
+@dataclass
+class StepResult:
+    """What one step did. `loss` is detached and still on the device (reading it back is a
+    synchronisation on a GPU: the loop does it in windows)."""
+
+    loss: torch.Tensor
+    mined: Mined | None
+    trained: bool  # False: an empty step (no gradient, or the miner found no tuples)
+    images: int
+
+
+def trainable_modules(backbone: nn.Module, method: Method) -> nn.ModuleList:
+    """The modules one optimizer updates, in a fixed order (their state_dict keys depend on
+    it): backbone, head, then the loss's own parameters if it has any."""
+    return nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
+
+
+def detach_outputs(
+    out: Embedded, every_float: bool
+) -> tuple[Embedded, list[torch.Tensor], list[torch.Tensor]]:
+    """The head's outputs detached into leaves that require grad, so a loss's backward stops
+    there and can be timed alone. `every_float`: every float tensor (outputs made under
+    no_grad), else only those that carry a gradient. Returns (leaf Embedded, the originals,
+    their leaves)."""
+    originals: list[torch.Tensor] = []
+    leaves: list[torch.Tensor] = []
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point() or not (every_float or t.requires_grad):
+            return t
+        new = t.detach().requires_grad_(True)
+        originals.append(t)
+        leaves.append(new)
+        return new
+
+    embedded = Embedded(leaf(out.embedding), {k: leaf(v) for k, v in out.extras.items()})
+    return embedded, originals, leaves
+
+
+class TrainingStep:
+    """One optimisation step on a batch of training-set indices.
+
+    images: uint8 [N, C, S, S] training images (on any device; each batch is moved);
+    labels: contiguous training-class ids [N]; coarse_labels: the dataset's coarse ids or None.
+    With `split_backward`, the backward is split at the head's outputs, so the "loss" phase
+    holds the loss's forward and its own backward (the same gradients reach the parameters);
+    the cost command uses it to report what mining + loss cost within a whole step.
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        method: Method,
+        optimizer: torch.optim.Optimizer,
+        images: torch.Tensor,
+        labels: np.ndarray,
+        coarse_labels: np.ndarray | None,
+        device: torch.device,
+        timer: PhaseTimer | None = None,
+        split_backward: bool = False,
+    ) -> None:
+        self.backbone, self.method, self.optimizer = backbone, method, optimizer
+        self.images, self.device = images, device
+        self.labels = torch.as_tensor(labels, device=device)
+        self.coarse = (
+            None if coarse_labels is None else torch.as_tensor(coarse_labels, device=device)
+        )
+        self.timer = timer if timer is not None else PhaseTimer(device)
+        self.split_backward = split_backward
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, Batch]:
+        """The prepared images and the labels of the batch `idx` (CPU indices), on the device."""
+        x = self.backbone.prepare(self.images[idx].to(self.device, non_blocking=True))
+        idx_dev = idx.to(self.device)
+        coarse = None if self.coarse is None else self.coarse[idx_dev]
+        return x, Batch(self.labels[idx_dev], coarse)
+
+    def __call__(self, idx: torch.Tensor, check_indices: bool = False) -> StepResult:
+        """Train on the batch `idx`. `check_indices`: also range-check the miner's indices
+        (a read-back, so a synchronisation on a GPU: the loop asks for it every few steps)."""
+        assert self.method.loss is not None, "a method without a loss does not train"
+        x, batch = self.batch(idx)
+        out = self.method.head(self.backbone(x))
+        originals: list[torch.Tensor] = []
+        leaves: list[torch.Tensor] = []
+        if self.split_backward:
+            out, originals, leaves = detach_outputs(out, every_float=False)
+        mined: Mined | None = None
+        if self.method.miner is not None:
+            with self.timer.phase("mining"), torch.no_grad():
+                mined = self.method.miner(out, batch)
+            mined.check(len(idx), indices=check_indices)
+        with self.timer.phase("loss"):
+            loss = self.method.loss(out, batch, mined)
+        self.optimizer.zero_grad(set_to_none=True)
+        trained = bool(loss.requires_grad and (mined is None or mined.count() > 0))
+        if trained:
+            self._backward(loss, originals, leaves)
+            self.optimizer.step()
+        return StepResult(loss.detach(), mined, trained, len(idx))
+
+    def _backward(
+        self, loss: torch.Tensor, originals: list[torch.Tensor], leaves: list[torch.Tensor]
+    ) -> None:
+        if not self.split_backward:
+            loss.backward()
+            return
+        with self.timer.phase("loss"):  # the loss's own backward, down to the head's outputs
+            loss.backward()
+        grads = [(o, g.grad) for o, g in zip(originals, leaves, strict=True) if g.grad is not None]
+        if grads:
+            torch.autograd.backward([o for o, _ in grads], [g for _, g in grads])
