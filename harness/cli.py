@@ -1,4 +1,4 @@
-"""Command line: run, ls, evaluate, leaderboard, validate, data.
+"""Command line: run, ls, evaluate, leaderboard, validate, cost, check, data.
 
 User errors print one line `error: ...` on stderr and exit with status 2; Ctrl-C stops with a
 line saying how to resume (finished runs are kept and skipped on the next run).
@@ -13,13 +13,16 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.argtypes import int_list, positive_int
-from harness.cost import add_parser as add_cost_parser
-from harness.cost import run_cost
+from harness.cost import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_STEPS
 from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.protocol import Protocol
 
 log = logging.getLogger("harness")
 
@@ -94,6 +97,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_cost_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The `cost` subcommand: how mining and loss cost grow with the batch size."""
+    cost = sub.add_parser("cost", help="measure how mining and loss cost grow with the batch size")
+    which = cost.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every registered method (default)")
+    which.add_argument("--methods", help="NAME[,NAME...]")
+    cost.add_argument("--protocol", default="default", help="protocol name or YAML path")
+    cost.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+        help="comma-separated multiples of the protocol's K (default: %(default)s)",
+    )
+    cost.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                      help="timed calls per batch size, at most (default: %(default)s)")  # fmt: skip
+    cost.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+                      help="training steps timed per method for throughput (default: %(default)s)")  # fmt: skip
+    cost.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    cost.add_argument("--data-root", help="folder holding the dataset's files")
+    cost.add_argument("--results-dir", default="results", help="default: results")
+    cost.add_argument("--no-overhead", action="store_true",
+                      help="skip the harness-versus-bare-loop comparison")  # fmt: skip
+    cost.add_argument(
+        "--overhead-method", metavar="NAME",
+        help="the method the harness-versus-bare-loop comparison trains; one of the methods "
+        "measured (default: the first of them whose throughput was measured)",
+    )  # fmt: skip
+    cost.add_argument("--overhead-breakdown", action="store_true",
+                      help="also time each piece of the harness's bookkeeping alone")  # fmt: skip
+    cost.add_argument("--json", action="store_true", help="print the per-method list as JSON")
+    return cost
+
+
 def add_data_parser(sub: argparse._SubParsersAction) -> None:
     """`data verify` and `data download` for the papers' datasets."""
     names = ["cub200", "cars196", "sop", "inshop", "vehicleid"]
@@ -121,8 +156,14 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _load_methods() -> None:
+    """Register every method (importing the `methods` package registers them): the one place
+    the CLI does it, for the commands that need the registry."""
+    import methods  # noqa: F401
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    import methods  # noqa: F401  (registers the methods)
+    _load_methods()
     from harness.leaderboard import write_leaderboard
     from harness.method import METHODS
     from harness.protocol import load_protocol
@@ -169,7 +210,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    import methods  # noqa: F401
+    _load_methods()
     from harness.data import DATASETS
     from harness.method import METHODS
     from harness.protocol import load_protocol, protocol_names
@@ -245,7 +286,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    import methods  # noqa: F401
+    _load_methods()
     from harness.check import BASELINE_DIR, BASELINE_SEEDS, check
 
     if args.update and not args.reason:
@@ -264,6 +305,68 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(report)
     print(f"({time.perf_counter() - start:.0f} s)")
     return 0 if passed else 1
+
+
+def _cost_methods(args: argparse.Namespace, protocol: Protocol) -> list[str]:
+    """The methods --methods names (default: every registered one), each checked against the
+    registry and the protocol's overrides before anything is measured."""
+    from harness.method import METHODS
+
+    if getattr(args, "methods", None):
+        names = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
+        if not names:
+            raise HarnessError("--methods: give at least one method name")
+    else:
+        names = METHODS.names()
+    for name in names:
+        METHODS.get(name).hyperparameters(protocol.method_overrides(name))
+    asked = getattr(args, "overhead_method", None)
+    if asked is not None and asked not in names:
+        METHODS.get(asked)  # an unknown name: "did you mean"
+        raise HarnessError(
+            f"--overhead-method {asked} is not among the methods measured; add it to --methods"
+        )
+    return names
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    """`python -m harness cost`: measure, write results/cost/<protocol>.json and the figure,
+    print the table (or, with --json, the list of per-method objects). Returns the exit
+    status: 1 when a method failed, else 0."""
+    from harness.cost import (
+        cost_table,
+        figure_path,
+        measure_cost,
+        overhead_line,
+        parse_batch_sizes,
+        write_cost,
+    )
+    from harness.protocol import load_protocol
+
+    protocol = load_protocol(args.protocol)
+    sizes = parse_batch_sizes(args.batch_sizes, protocol.sampler.images_per_class)
+    _load_methods()
+    from harness.figures import cost_figure
+    from harness.runner import resolve_device
+
+    names = _cost_methods(args, protocol)
+    record = measure_cost(
+        protocol, names, sizes, device=resolve_device(args.device), repeats=args.repeats,
+        steps=args.steps, data_root=args.data_root, overhead=not args.no_overhead,
+        breakdown=args.overhead_breakdown, overhead_on=getattr(args, "overhead_method", None),
+    )  # fmt: skip
+    results_dir = Path(args.results_dir)
+    figure = cost_figure(record, figure_path(results_dir, protocol.name))
+    record["figure"] = str(figure.relative_to(results_dir))
+    path = write_cost(record, results_dir)
+    if args.json:
+        print(json.dumps(record["methods"], indent=2))
+    else:
+        print(cost_table(record))
+        print()
+        print(overhead_line(record))
+        print(f"written: {path}, {figure} ({record['seconds']:.0f} s)")
+    return 1 if any(e["status"] == "failed" for e in record["methods"]) else 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -288,7 +391,7 @@ COMMANDS = {
     "evaluate": cmd_evaluate,
     "leaderboard": cmd_leaderboard,
     "check": cmd_check,
-    "cost": run_cost,
+    "cost": cmd_cost,
     "validate": cmd_validate,
     "data": cmd_data,
 }

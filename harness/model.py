@@ -23,13 +23,11 @@ from harness.protocol import Protocol
 
 @dataclass
 class Model:
-    """A backbone and a method on the device, and the context the method was built for.
-    weights_file: the backbone's local ImageNet weights file, if one was loaded."""
+    """A backbone and a method on the device, and the context the method was built for."""
 
     backbone: Backbone
     method: Method
     context: MethodContext
-    weights_file: str = ""
 
 
 def seed_everything(seed: int) -> None:
@@ -53,6 +51,19 @@ def build_method(
     return method
 
 
+def build_seeded_backbone(
+    protocol: Protocol, seed: int, device: torch.device, in_channels: int,
+    weights: str | None = None,
+) -> Backbone:  # fmt: skip
+    """Seed (see seed_everything), then the protocol's backbone on the device; `weights`: a
+    local ImageNet weights file that overrides the protocol's backbone.weights_file."""
+    seed_everything(seed)  # the same backbone initialisation for every method
+    spec = protocol.backbone
+    if weights:
+        spec = dataclasses.replace(spec, weights_file=weights)
+    return build_backbone(spec, in_channels).to(device)
+
+
 def build_model(
     protocol: Protocol,
     method_name: str,
@@ -71,11 +82,7 @@ def build_model(
     num_coarse_classes: the dataset's coarse classes, None if it has none; weights: a local
     ImageNet weights file that overrides the protocol's backbone.weights_file.
     """
-    seed_everything(seed)  # the same backbone initialisation for every method
-    spec = protocol.backbone
-    if weights:
-        spec = dataclasses.replace(spec, weights_file=weights)
-    backbone = build_backbone(spec, in_channels).to(device)
+    backbone = build_seeded_backbone(protocol, seed, device, in_channels, weights)
     context = MethodContext(
         stage_dims=tuple(backbone.stage_dims),
         embedding_dim=protocol.embedding_dim,
@@ -83,4 +90,4 @@ def build_model(
         num_coarse_classes=num_coarse_classes,
     )
     method = build_method(method_name, context, hyperparameters, device)
-    return Model(backbone, method, context, spec.weights_file)
+    return Model(backbone, method, context)

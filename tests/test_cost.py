@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import methods  # noqa: F401
+from harness.cli import build_parser, cmd_cost
 from harness.cost import (
-    add_parser,
     cost_section,
     fit_power_law,
     measure_scaling,
+    overhead_method,
     parse_batch_sizes,
-    run_cost,
 )
 from harness.errors import HarnessError
 from harness.evaluate import distance_histogram
@@ -29,9 +29,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def cost_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["cost", *argv])
+    return build_parser().parse_args(["cost", *argv])
 
 
 def test_fit_recovers_the_exponent_and_names_the_class():
@@ -102,9 +100,9 @@ def test_batch_sizes_must_be_multiples_of_k():
     with pytest.raises(HarnessError, match="integers"):
         parse_batch_sizes("32,x", 4)
     with pytest.raises(HarnessError, match="not a multiple"):  # smoke: K = 4
-        run_cost(cost_args("--protocol", "smoke", "--batch-sizes", "8,30"))
+        cmd_cost(cost_args("--protocol", "smoke", "--batch-sizes", "8,30"))
     with pytest.raises(HarnessError, match="unknown method"):
-        run_cost(cost_args("--protocol", "smoke", "--methods", "contrastiv"))
+        cmd_cost(cost_args("--protocol", "smoke", "--methods", "contrastiv"))
 
 
 def test_cost_command_writes_the_json_table_and_figure(tmp_path: Path, capsys):
@@ -113,7 +111,7 @@ def test_cost_command_writes_the_json_table_and_figure(tmp_path: Path, capsys):
         "--batch-sizes", "8,16,32", "--repeats", "1", "--steps", "2", "--device", "cpu",
         "--results-dir", str(tmp_path), "--json",
     )  # fmt: skip
-    assert run_cost(args) == 0
+    assert cmd_cost(args) == 0
     printed = json.loads(capsys.readouterr().out)
     assert [e["method"] for e in printed] == ["contrastive", "triplet", "untrained"]
     contrastive, triplet, untrained = printed
@@ -141,6 +139,28 @@ def test_cost_command_writes_the_json_table_and_figure(tmp_path: Path, capsys):
     assert "## Cost: smoke" in section and "| contrastive" in section
     assert "not applicable" in section and "(figures/cost_smoke.png)" in section
     assert cost_section(tmp_path / "nothing") == ""
+
+
+def test_the_overhead_method_is_an_option(tmp_path: Path):
+    """No method is named in the harness: the overhead runs on --overhead-method, else on the
+    first method whose throughput was measured."""
+    assert overhead_method(["triplet", "contrastive"]) == "triplet"
+    assert overhead_method(["triplet", "contrastive"], "contrastive") == "contrastive"
+    assert overhead_method([]) is None
+    with pytest.raises(HarnessError, match="not among the methods measured"):
+        cmd_cost(cost_args("--protocol", "smoke", "--methods", "triplet",
+                           "--overhead-method", "contrastive"))  # fmt: skip
+    with pytest.raises(HarnessError, match="did you mean 'contrastive'"):
+        cmd_cost(cost_args("--protocol", "smoke", "--methods", "triplet",
+                           "--overhead-method", "contrastiv"))  # fmt: skip
+    args = cost_args(
+        "--protocol", "smoke", "--methods", "untrained,triplet,contrastive",
+        "--batch-sizes", "8,16", "--repeats", "1", "--steps", "2", "--device", "cpu",
+        "--results-dir", str(tmp_path), "--overhead-method", "contrastive", "--json",
+    )  # fmt: skip
+    assert cmd_cost(args) == 0
+    record = json.loads((tmp_path / "cost" / "smoke.json").read_text())
+    assert record["overhead"]["method"] == "contrastive" and record["overhead"]["ratio"] > 0
 
 
 def test_figures_are_written(tmp_path: Path):

@@ -109,3 +109,113 @@ def test_a_protocol_with_validation_classes_selects_on_them(tmp_path):
     assert selection["metric"] == "map@r" and selection["split"] == "validation"
     assert len(selection["per_epoch"]) == len(result["training"]["epoch_loss"]) >= 2
     assert selection["best_epoch"] == 1 + selection["per_epoch"].index(max(selection["per_epoch"]))
+
+
+def _contrastive(protocol, backbone):
+    from harness.method import METHODS, MethodContext
+
+    ctx = MethodContext(tuple(backbone.stage_dims), protocol.embedding_dim, 6)
+    return METHODS.get("contrastive").build(ctx)
+
+
+def test_an_interrupted_train_resumes_bit_identically(tmp_path: Path):
+    """train() itself, interrupted after epoch 2 of 4 and resumed from its checkpoint, ends
+    with exactly the weights and losses of an uninterrupted call (sampler, RNG and
+    optimizer state all restored)."""
+    protocol, _, images, labels = setup(12)  # 3 steps per epoch: 4 epochs
+
+    def fresh():
+        torch.manual_seed(0)
+        backbone = build_backbone(protocol.backbone, 1)
+        return backbone, _contrastive(protocol, backbone)
+
+    backbone, method = fresh()
+    whole = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False)
+    expected = {k: v.clone() for k, v in backbone.state_dict().items()}
+
+    def crash(epoch: int) -> None:
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    ckpt = tmp_path / "run.pt"
+    backbone, method = fresh()
+    with pytest.raises(KeyboardInterrupt):
+        train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
+              checkpoint=ckpt, identity="a", on_epoch_end=crash)  # fmt: skip
+    assert ckpt.exists()
+    torch.manual_seed(123)  # the checkpoint restores the RNG, whatever happened meanwhile
+    backbone, method = fresh()
+    resumed = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
+                    checkpoint=ckpt, identity="a")  # fmt: skip
+    assert resumed.resumed_from_step == 6 and resumed.steps == whole.steps == 12
+    assert resumed.epoch_loss == whole.epoch_loss
+    assert resumed.tuples_mined == whole.tuples_mined
+    final = backbone.state_dict()
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    # a checkpoint of another configuration is ignored: training starts afresh
+    backbone, method = fresh()
+    other = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
+                  checkpoint=ckpt, identity="b")  # fmt: skip
+    assert other.resumed_from_step == 0 and other.epoch_loss == whole.epoch_loss
+
+
+def test_training_state_saves_what_a_resume_needs(tmp_path: Path):
+    from harness.train import TrainingState
+
+    protocol, backbone, _, labels = setup(12)
+    method = _contrastive(protocol, backbone)
+    state = TrainingState(backbone, method, labels, protocol, 0, CPU)
+    state.sampler.next_batch()
+    state.stats.steps, state.stats.validation = 5, [0.2, 0.7]
+    state.keep_if_best()
+    assert state.stats.best_epoch == 2 and state.best_state is not None
+    state.save(tmp_path / "s.pt", "me")
+    saved = torch.load(tmp_path / "s.pt", weights_only=False)
+    assert set(saved) == {"identity", "modules", "optimizer", "sampler", "torch_rng",
+                          "cuda_rng", "stats", "best_state"}  # fmt: skip
+    again = TrainingState(backbone, method, labels, protocol, 0, CPU)
+    assert not again.resume(tmp_path / "s.pt", "someone else")
+    assert again.resume(tmp_path / "s.pt", "me")
+    assert again.stats.steps == 5 and again.stats.resumed_from_step == 5
+    assert np.array_equal(again.sampler.next_batch(), state.sampler.next_batch())
+
+
+def test_the_split_backward_step_trains_like_the_plain_one():
+    """The cost command's step (backward split at the head's outputs, to time the loss
+    alone) reaches the same parameters as the training loop's step."""
+    from harness.step import TrainingStep
+    from harness.train import make_optimizer
+
+    protocol, _, images, labels = setup(12)
+    results = []
+    for split in (False, True):
+        torch.manual_seed(0)
+        backbone = build_backbone(protocol.backbone, 1)
+        method = _contrastive(protocol, backbone)
+        params = [*backbone.parameters(), *method.head.parameters()]
+        step = TrainingStep(backbone, method, make_optimizer(params, protocol), images, labels,
+                            None, CPU, split_backward=split)  # fmt: skip
+        outcome = step(torch.arange(16), check_indices=True)
+        assert outcome.trained and outcome.images == 16 and outcome.mined.count() > 0
+        assert step.timer.seconds["mining"] > 0 and step.timer.seconds["loss"] > 0
+        results.append([p.detach().clone() for p in params])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*results, strict=True))
+
+
+def test_the_model_builder_seeds_as_the_runner_always_did():
+    """build_model: seed, backbone, then the method's head drawing from the same RNG; the
+    numbers of every committed result depend on this order."""
+    from harness.method import METHODS, MethodContext
+    from harness.model import build_model
+
+    protocol = load_protocol("smoke")
+    model = build_model(protocol, "contrastive", {}, 3, CPU, in_channels=1, num_classes=6,
+                        num_coarse_classes=None)  # fmt: skip
+    torch.manual_seed(3)
+    backbone = build_backbone(protocol.backbone, 1)
+    ctx = MethodContext(tuple(backbone.stage_dims), protocol.embedding_dim, 6, None)
+    head = METHODS.get("contrastive").build(ctx).head
+    assert model.context == ctx
+    for mine, theirs in ((model.backbone, backbone), (model.method.head, head)):
+        expected = theirs.state_dict()
+        assert all(torch.equal(v, expected[k]) for k, v in mine.state_dict().items())

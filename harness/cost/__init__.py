@@ -1,0 +1,73 @@
+"""What a method costs: how its mining and loss grow with the batch size m, the training
+throughput it allows, and what the harness's own training loop adds on top of bare PyTorch.
+
+`python -m harness cost` measures, for each method and each batch size m = P x K (K fixed by
+the protocol's sampler, so m must be a multiple of K):
+
+- scaling (`scaling.py`), on random inputs: the miner's work counts and the mining and loss
+  (forward + backward) times, CUDA-synchronised, median over the repeats;
+- the growth exponent b of cost ~ a * m^b (`fit.py`: the fit and the rule that names a
+  complexity class, or says "unclear" when the fit does not support one);
+- throughput (`throughput.py`) on the protocol's real data: images per second of the
+  harness's own training step (`harness.step`) and the share of it spent in mining + loss;
+- harness overhead (`overhead.py`): `harness.train.train` against a hand-written loop doing
+  the same steps on the same model and batches, alternated, as a throughput ratio.
+
+`measure.py` runs all of it for a protocol; `report.py` writes results/cost/<protocol>.json
+and renders the markdown for the leaderboard. The command line (and all printing) is in
+`harness.cli`.
+"""
+
+from harness.cost.fit import COMPLEXITIES, PowerFit, fit_power_law, fits
+from harness.cost.measure import measure_cost
+from harness.cost.overhead import (
+    OVERHEAD_PIECES,
+    OVERHEAD_TARGET,
+    measure_overhead,
+    overhead_method,
+)
+from harness.cost.report import (
+    COST_SCHEMA,
+    cost_path,
+    cost_rows,
+    cost_section,
+    cost_table,
+    figure_path,
+    overhead_line,
+    read_cost,
+    write_cost,
+)
+from harness.cost.scaling import (
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_REPEATS,
+    measure_scaling,
+    parse_batch_sizes,
+)
+from harness.cost.throughput import DEFAULT_STEPS, measure_throughput
+
+__all__ = [
+    "COMPLEXITIES",
+    "COST_SCHEMA",
+    "DEFAULT_BATCH_SIZES",
+    "DEFAULT_REPEATS",
+    "DEFAULT_STEPS",
+    "OVERHEAD_PIECES",
+    "OVERHEAD_TARGET",
+    "PowerFit",
+    "cost_path",
+    "cost_rows",
+    "cost_section",
+    "cost_table",
+    "figure_path",
+    "fit_power_law",
+    "fits",
+    "measure_cost",
+    "measure_overhead",
+    "measure_scaling",
+    "measure_throughput",
+    "overhead_method",
+    "overhead_line",
+    "parse_batch_sizes",
+    "read_cost",
+    "write_cost",
+]

@@ -1,0 +1,185 @@
+"""The cost file (results/cost/<protocol>.json: reading, writing) and its markdown: the
+per-method table, the harness-overhead line and the leaderboard's "Cost" section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.errors import HarnessError
+from harness.fingerprint import describe
+
+COST_SCHEMA = 1
+
+
+def cost_path(results_dir: Path, protocol: str) -> Path:
+    return Path(results_dir) / "cost" / f"{protocol}.json"
+
+
+def figure_path(results_dir: Path, protocol: str) -> Path:
+    return Path(results_dir) / "figures" / f"cost_{protocol}.png"
+
+
+def write_cost(record: dict[str, Any], results_dir: Path) -> Path:
+    from harness.results import write_json_atomic
+
+    path = cost_path(results_dir, record["protocol"]["name"])
+    write_json_atomic(path, record)
+    return path
+
+
+def read_cost(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HarnessError(f"unreadable cost file {path}: {exc}; delete it or rerun "
+                           "`python -m harness cost`") from None  # fmt: skip
+    if (
+        not isinstance(data, dict)
+        or data.get("kind") != "cost"
+        or data.get("schema") != COST_SCHEMA
+    ):
+        raise HarnessError(f"{path} is not a schema-{COST_SCHEMA} cost file; delete or move it")
+    return data
+
+
+def _exp_cell(entry: dict[str, Any], key: str, complexity: str) -> str:
+    value, name = entry.get(key), (entry.get(complexity) or "").split(" (")[0]
+    if value is None:
+        return "-" if name in ("", "none") else name
+    return f"{value:.2f} {name}"
+
+
+def cost_rows(record: dict[str, Any]) -> list[dict[str, str]]:
+    sizes = record["settings"]["batch_sizes"]
+    largest = max(sizes)
+    ref = 64 if 64 in sizes else min(sizes)
+    rows = []
+    for e in record["methods"]:
+        row = {"method": e["method"]}
+        if e["status"] != "ok":
+            row["notes"] = f"{e['status'].replace('_', ' ')} ({e['reason']})"
+            rows.append(row)
+            continue
+        cells = {c["batch_size"]: c for c in e["measurements"]}
+        tp = e.get("throughput") or {}
+
+        def ms(m: int, key: str, digits: int = 2, cells: dict = cells, e: dict = e) -> str:
+            c = cells.get(m, {})
+            if "skipped" in c:
+                return "skipped"
+            if not e.get("has_miner", True) and key == "mining_ms":
+                return "no miner"
+            return _num(c.get(key), digits)
+
+        share = tp.get("mining_loss_share")
+        row.update({
+            "counts ~ m^b": _exp_cell(e, "count_exponent", "count_complexity"),
+            "mining time ~ m^b": _exp_cell(e, "time_exponent", "time_complexity"),
+            "loss time ~ m^b": _exp_cell(e, "loss_time_exponent", "loss_time_complexity"),
+            f"mining ms (m={ref})": ms(ref, "mining_ms"),
+            f"mining ms (m={largest})": ms(largest, "mining_ms"),
+            f"loss ms (m={largest})": ms(largest, "loss_ms", 1),
+            "img/s": _num(tp.get("images_per_second"), 0),
+            "mining+loss share": "-" if share is None else f"{share * 100:.0f}%",
+            "notes": e.get("reason") or "",
+        })  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def cost_table(record: dict[str, Any]) -> str:
+    """The per-method summary as a GitHub markdown table."""
+    from tabulate import tabulate
+
+    rows = cost_rows(record)
+    headers = [k for k in dict.fromkeys(k for row in rows for k in row) if k != "notes"]
+    if any(row.get("notes") for row in rows):
+        headers.append("notes")
+    table = [[row.get(h, "") for h in headers] for row in rows]
+    return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def overhead_line(record: dict[str, Any]) -> str:
+    o = record.get("overhead")
+    if not o:
+        return "Harness overhead: not measured."
+    verdict = "meets" if o["ratio"] >= o["target"] else "misses"
+    text = (
+        f"Harness overhead: `harness.train.train` runs at {o['ratio']:.3f} x the throughput of a "
+        f"bare PyTorch loop on the same model and batches ({o['harness_images_per_second']:.0f} "
+        f"vs {o['bare_images_per_second']:.0f} img/s, {o['method']}, {o['steps']} steps x "
+        f"{o['rounds']} alternated rounds, fastest round of each; {verdict} the target "
+        f"{o['target']:.2f})."
+    )
+    if o.get("median_round_ratio") is not None:
+        text += f" Median of the per-round ratios: {o['median_round_ratio']:.3f}."
+    if o["steps"] < 20:
+        text += (
+            f" Only {o['steps']} steps (the protocol's budget): the harness's fixed setup per "
+            "run (optimizer, sampler, progress bar; a few ms) weighs in, so this ratio says "
+            "little about a long run."
+        )
+    if o.get("breakdown"):
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in o["breakdown"].items())
+        text += f" Bare loop plus one piece, throughput ratio: {parts}."
+    return text
+
+
+def cost_section(results_dir: Path) -> str:
+    """Markdown for the leaderboard: one "Cost" table per results/cost/<protocol>.json, with
+    the harness-overhead line and a link to the figure (relative to results_dir, where
+    LEADERBOARD.md lives). Empty string when nothing was measured."""
+    results_dir = Path(results_dir)
+    paths = sorted((results_dir / "cost").glob("*.json"))
+    if not paths:
+        return ""
+    lines = []
+    for path in paths:
+        record = read_cost(path)
+        p, s = record["protocol"], record["settings"]
+        env = record.get("environment", {})
+        hw = env.get("hardware", {})
+        lines += [
+            "",
+            f"## Cost: {p['name']} (protocol v{p['version']}, hash `{p['hash']}`)",
+            "",
+            f"Generated by `python -m harness cost --protocol {p['name']}`. Scaling on random "
+            f"inputs, m = P x {s['images_per_class']} for m in "
+            f"{', '.join(map(str, s['batch_sizes']))}: the miner's pair scores evaluated "
+            "(counts) and the median mining and loss (forward + backward) times, with the "
+            "least-squares exponent b of cost ~ a m^b on log-log axes and the complexity "
+            'class it supports ("unclear" when the fit does not support one; times are '
+            "fitted on the largest sizes). img/s and the share of the step in mining + loss: "
+            "whole training steps (backbone, mining, loss, optimizer) on the protocol's data "
+            "and P x K batches, the same initial backbone for every method.",
+            "",
+            cost_table(record),
+            "",
+            overhead_line(record),
+            f"Measured {str(record.get('created_at', '?'))[:10]} on {hw.get('device', '?')} "
+            f"({hw.get('cpu_count', '?')} CPUs, {hw.get('torch_threads', '?')} torch threads), "
+            f"commit {str(env.get('git_commit', '?'))[:10]}; "
+            f"{describe(env.get('fingerprint'))}.",
+            "",
+            f"![cost of mining against batch size](figures/cost_{p['name']}.png)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def log_line(entry: dict[str, Any]) -> str:
+    """One line per measured method for the log: exponents, the largest m, img/s."""
+    done = [c for c in entry["measurements"] if "skipped" not in c]
+    last = done[-1] if done else {}
+    tp = entry.get("throughput") or {}
+    return (
+        f"counts ~ m^{_num(entry['count_exponent'], 2)}, mining ~ m^"
+        f"{_num(entry['time_exponent'], 2)}, m={last.get('batch_size')}: mining "
+        f"{_num(last.get('mining_ms'), 1)} ms, loss {_num(last.get('loss_ms'), 1)} ms; "
+        f"{_num(tp.get('images_per_second'), 0)} img/s"
+    )
+
+
+def _num(v: Any, digits: int) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
