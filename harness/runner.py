@@ -93,6 +93,20 @@ def resolve(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, protocol=protocol, hyperparameters=hyper)
 
 
+def resolve_all(specs: list[RunSpec]) -> list[RunSpec]:
+    """Resolve a sweep, parsing each protocol named by path once (not once per spec)."""
+    parsed: dict[str, Protocol] = {}
+    for spec in specs:
+        if isinstance(spec.protocol, str) and spec.protocol not in parsed:
+            parsed[spec.protocol] = load_protocol(spec.protocol)
+    return [
+        resolve(dataclasses.replace(s, protocol=parsed[s.protocol]))
+        if isinstance(s.protocol, str)
+        else resolve(s)
+        for s in specs
+    ]
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -129,7 +143,7 @@ def plan(
             hyperparameters=hyper[m],
             sweep_seeds=asked,
             **options,
-        )  # fmt: skip
+        )
         for m in methods
         for s in asked
     ]
@@ -421,6 +435,7 @@ def _execute(
 
 def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
     """Run specs in order; one failed run does not stop the others. Returns counts by status."""
+    specs = resolve_all(specs)
     counts: dict[str, int] = {}
     for n, spec in enumerate(specs, 1):
         start = time.perf_counter()
@@ -447,7 +462,7 @@ def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[s
     bit across machines (the regression check) pins it: then a 2-core and a 16-core machine
     of one processor type agree, and the spare cores run other specs in parallel instead.
     Returns counts by status; one failed run does not stop the others."""
-    specs = [resolve(spec) for spec in specs]  # parse each protocol once, for every worker
+    specs = resolve_all(specs)  # parse each protocol once, here, not in every worker
     for spec in specs:  # build each dataset cache once, here, before the workers read it
         prepare_data(spec.parsed_protocol, spec.data_root)
     counts: dict[str, int] = {}
