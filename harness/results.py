@@ -16,11 +16,15 @@ import dataclasses
 import json
 import os
 import platform
+import socket
 import subprocess
 import tempfile
 import typing
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -312,6 +316,47 @@ def result_paths(results_dir: Path) -> list[Path]:
 def load_results(results_dir: Path) -> list[RunResult]:
     """Every run result under results_dir/runs, sorted by path."""
     return [read_result(p) for p in result_paths(results_dir)]
+
+
+def archive(path: Path, results_dir: Path) -> Path:
+    """Move a result that is about to be replaced under results/archive/, stamped by time."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    target = results_dir / "archive" / path.relative_to(results_dir / "runs")
+    target = target.with_name(f"{target.stem}-{stamp}.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path.replace(target)
+    return target
+
+
+@contextmanager
+def run_lock(path: Path) -> Iterator[bool]:
+    """An exclusive lock file next to the result: yields False if a live process holds it,
+    so two sweeps sharing a results folder never run (or write) the same run at once."""
+    lock = path.with_name(path.stem + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().split()[0])
+                os.kill(pid, 0)  # raises if that process is gone
+                yield False
+                return
+            except (ValueError, IndexError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # stale: its owner died (kill -9)
+                continue
+            except PermissionError:
+                yield False
+                return
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
+        try:
+            yield True
+        finally:
+            lock.unlink(missing_ok=True)
+        return
+    yield False
 
 
 def _git(*args: str) -> str:

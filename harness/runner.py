@@ -13,10 +13,8 @@ import inspect
 import json
 import logging
 import os
-import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,10 +41,12 @@ from harness.results import (
     Selection,
     TrainingRecord,
     TupleCounts,
+    archive,
     environment,
     machine_id,
     read_result,
     result_path,
+    run_lock,
     write_result,
 )
 from harness.splits import Split, split_classes
@@ -218,49 +218,8 @@ def _same_run(old: RunResult, new: RunResult) -> bool:
     )
 
 
-def archive(path: Path, results_dir: Path) -> Path:
-    """Move a result that is about to be replaced under results/archive/, stamped by time."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    target = results_dir / "archive" / path.relative_to(results_dir / "runs")
-    target = target.with_name(f"{target.stem}-{stamp}.json")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    path.replace(target)
-    return target
-
-
 def checkpoint_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
     return results_dir / "checkpoints" / protocol / method / f"seed{seed}.pt"
-
-
-@contextmanager
-def run_lock(path: Path) -> Iterator[bool]:
-    """An exclusive lock file next to the result: yields False if a live process holds it,
-    so two sweeps sharing a results folder never run (or write) the same run at once."""
-    lock = path.with_name(path.stem + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().split()[0])
-                os.kill(pid, 0)  # raises if that process is gone
-                yield False
-                return
-            except (ValueError, IndexError, ProcessLookupError, FileNotFoundError):
-                lock.unlink(missing_ok=True)  # stale: its owner died (kill -9)
-                continue
-            except PermissionError:
-                yield False
-                return
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
-        try:
-            yield True
-        finally:
-            lock.unlink(missing_ok=True)
-        return
-    yield False
 
 
 def execute(
