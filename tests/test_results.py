@@ -176,6 +176,7 @@ def test_plan_parses_the_protocol_once_and_its_specs_pickle():
     assert specs[0].hyperparameters == {"margin": 1.0} and specs[0].sweep_seeds == (0, 3)
     again = pickle.loads(pickle.dumps(specs))  # what the spawn workers of sweep_pinned receive
     assert again == specs and again[0].parsed_protocol.hash == protocol.hash
+    assert hash(again[0]) == hash(specs[0])  # still usable as a key
     assert resolve(again[0]) is again[0]  # a resolved spec is not parsed again
     by_name = resolve(RunSpec(protocol="smoke", method="contrastive", seed=0, results_dir="r"))
     assert by_name.parsed_protocol == protocol and by_name.hyperparameters == {"margin": 1.0}
