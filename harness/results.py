@@ -61,7 +61,8 @@ def _extra() -> Any:
 
 
 class ResultFormatError(ValueError):
-    """A result's JSON lacks a required key (the message names it, dotted)."""
+    """A result's JSON lacks a required key, or has no mapping where a record goes (the
+    message names the key, dotted)."""
 
 
 class Record:
