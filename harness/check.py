@@ -41,7 +41,7 @@ from harness.errors import HarnessError
 from harness.fingerprint import describe
 from harness.method import METHODS
 from harness.protocol import Protocol, load_protocol
-from harness.results import REPO_ROOT, read_result, result_path, write_json_atomic
+from harness.results import REPO_ROOT, RunResult, read_result, result_path, write_json_atomic
 from harness.runner import plan, resolve_device, sweep_pinned
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 def run_protocol(
     protocol: Protocol, methods: list[str], seeds: list[int], results_dir: Path, device: str
-) -> dict[str, list[dict]]:
+) -> dict[str, list[RunResult]]:
     """Every method for every seed, one torch thread per worker process; returns each method's
     results, ordered as `seeds`."""
     specs = plan(protocol, methods, seeds, device=device, results_dir=str(results_dir))
@@ -104,10 +104,10 @@ def run_protocol(
     return runs
 
 
-def run_fingerprint(runs: dict[str, list[dict]]) -> dict[str, Any]:
+def run_fingerprint(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
     """The one fingerprint all runs were made under (they share a process setup)."""
-    found = {json.dumps(r["environment"]["fingerprint"], sort_keys=True)
-             for rs in runs.values() for r in rs if "environment" in r}  # fmt: skip
+    found = {json.dumps(r.environment.fingerprint, sort_keys=True)
+             for rs in runs.values() for r in rs if r.environment is not None}  # fmt: skip
     if len(found) != 1:
         prints = [json.loads(f) for f in found]
         differ = sorted({k for fp in prints for k in fp if fp.get(k) != prints[0].get(k)})
@@ -130,22 +130,22 @@ def t_bound(base: list[float], now: list[float], rows: int, alpha: float = ALPHA
     return max(float(critical) * math.sqrt(pooled * (1 / n_base + 1 / n_now)), MIN_BOUND)
 
 
-def _structural(baseline: dict[str, Any], method: str, runs: list[dict]) -> str | None:
+def _structural(baseline: dict[str, Any], method: str, runs: list[RunResult]) -> str | None:
     """Why a method cannot be compared at all (failed run, no baseline, new version)."""
-    bad = next((r for r in runs if r.get("status") != "ok"), None)
+    bad = next((r for r in runs if not r.ok), None)
     if bad is not None:
-        return f"run {bad.get('status')} (seed {bad.get('seed')}): {bad.get('failure')}"
+        return f"run {bad.status} (seed {bad.seed}): {bad.failure}"
     base = baseline["methods"].get(method)
     if base is None:
         return "missing baseline"
-    if base["version"] != runs[0]["method"]["version"]:
-        return f"method version {base['version']} -> {runs[0]['method']['version']}: update the baseline"
+    if base["version"] != runs[0].method.version:
+        return f"method version {base['version']} -> {runs[0].method.version}: update the baseline"
     return None
 
 
 def compare(
-    baseline: dict[str, Any], protocol_hash: str, runs: dict[str, list[dict]], seeds: list[int],
-    exact: bool,
+    baseline: dict[str, Any], protocol_hash: str, runs: dict[str, list[RunResult]],
+    seeds: list[int], exact: bool,
 ) -> list[Row]:  # fmt: skip
     """One row per (method, metric); a row's status says whether it passes."""
     if baseline.get("protocol_hash") != protocol_hash:
@@ -159,15 +159,15 @@ def compare(
                     "run check --update --reason ...")]  # fmt: skip
     at = [baseline["seeds"].index(s) for s in seeds]
     problems = {m: _structural(baseline, m, rs) for m, rs in runs.items()}
-    tested = sum(len(rs[0]["metrics"]) for m, rs in runs.items() if problems[m] is None)
+    tested = sum(len(rs[0].metrics or {}) for m, rs in runs.items() if problems[m] is None)
     rows: list[Row] = []
     for method, method_runs in sorted(runs.items()):
         problem = problems[method]
         if problem is not None:
             rows.append(Row(method, "*", None, None, None, problem))
             continue
-        for metric in method_runs[0]["metrics"]:
-            now = [r["metrics"][metric] for r in method_runs]
+        for metric in method_runs[0].metrics or {}:
+            now = [(r.metrics or {})[metric] for r in method_runs]
             base = baseline["methods"][method]["metrics"].get(metric)
             if base is None:
                 rows.append(Row(method, metric, None, statistics.fmean(now), None,
@@ -231,12 +231,15 @@ def _metric_order(name: str) -> tuple[int, str]:
 
 
 def update(
-    path: Path, protocol: Protocol, runs: dict[str, list[dict]], seeds: list[int], reason: str,
-    partial: bool,
+    path: Path, protocol: Protocol, runs: dict[str, list[RunResult]], seeds: list[int],
+    reason: str, partial: bool,
 ) -> list[str]:  # fmt: skip
     """Write the baseline file from the runs; returns the methods left out (failed runs).
     A partial update (some methods) keeps the others, if they were made on this machine."""
-    env = next(iter(runs.values()))[0]["environment"]  # the workers' (threads as they ran)
+    env = next(iter(runs.values()))[0].environment  # the workers' (threads as they ran)
+    if env is None:
+        raise HarnessError("the check's runs recorded no environment; report this as a bug")
+    env_json = env.to_json()
     fingerprint = run_fingerprint(runs)
     old_methods: dict[str, Any] = {}
     if partial and path.exists():
@@ -251,20 +254,20 @@ def update(
                 "(leave out --methods) so the whole file comes from one machine"
             )
         old_methods = old["methods"]
-    ok = {m: rs for m, rs in runs.items() if all(r.get("status") == "ok" for r in rs)}
+    ok = {m: rs for m, rs in runs.items() if all(r.ok for r in rs)}
     write_json_atomic(path, {
         "format": BASELINE_FORMAT,
         "protocol": protocol.name,
         "protocol_hash": protocol.hash,
         "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": env["git_commit"],
+        "commit": env.git_commit,
         "reason": reason,
-        "environment": {k: env[k] for k in ("python", "packages", "hardware")},
+        "environment": {k: env_json[k] for k in ("python", "packages", "hardware")},
         "fingerprint": fingerprint,
         "seeds": seeds,
         "methods": {**old_methods, **{
-            m: {"version": rs[0]["method"]["version"],
-                "metrics": {k: [r["metrics"][k] for r in rs] for k in rs[0]["metrics"]}}
+            m: {"version": rs[0].method.version,
+                "metrics": {k: [r.metrics[k] for r in rs] for k in rs[0].metrics or {}}}
             for m, rs in ok.items()}},
     })  # fmt: skip
     return sorted(set(runs) - set(ok))
@@ -325,8 +328,8 @@ def check(
 
 
 def report(
-    baseline: dict[str, Any], protocol: Protocol, runs: dict[str, list[dict]], seeds: list[int],
-    mode: str, path: Path,
+    baseline: dict[str, Any], protocol: Protocol, runs: dict[str, list[RunResult]],
+    seeds: list[int], mode: str, path: Path,
 ) -> tuple[bool, str]:  # fmt: skip
     """Compare and describe: mode, both machines, the table, noisy methods, the verdict."""
     here = run_fingerprint(runs)

@@ -1,5 +1,5 @@
 """Figures: the cost of mining against the batch size, training curves, and the distances of
-positive and negative pairs (HDC's histogram).
+positive and negative pairs (as in HDC's histogram figure).
 
 matplotlib through its object API and the Agg canvas: no pyplot, no display, no global
 backend switch, so this works in tests, on servers and inside other programs alike.
@@ -7,7 +7,6 @@ backend switch, so this works in tests, on servers and inside other programs ali
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from harness.errors import HarnessError
+from harness.results import read_result
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
 
@@ -120,13 +119,6 @@ def cost_figure(record: dict[str, Any], out_png: Path) -> Path:
     return _save(fig, out_png)
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HarnessError(f"unreadable result file {path}: {exc}") from None
-
-
 def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | None = None) -> Path:
     """Training loss against epoch from run results (results/runs/<protocol>/<method>/
     seed<k>.json, `training.epoch_loss`), one line per method: the mean over its seeds (a
@@ -139,17 +131,17 @@ def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | Non
     metric = ""
     protocols = set()
     for path in result_paths:
-        result = _read(path)
-        losses = (result.get("training") or {}).get("epoch_loss") or []
-        if result.get("status") != "ok" or not losses:
+        result = read_result(path)
+        losses = result.training.epoch_loss or []
+        if not result.ok or not losses:
             continue
-        name = result["method"]["name"]
+        name = result.method.name
         curves.setdefault(name, []).append([float(v) for v in losses])
-        selection = result.get("selection") or {}
-        if selection.get("per_epoch"):
-            validation.setdefault(name, []).append([float(v) for v in selection["per_epoch"]])
-            metric = selection.get("metric", metric)
-        protocols.add(result["protocol"]["name"])
+        selection = result.selection
+        if selection is not None and selection.per_epoch:
+            validation.setdefault(name, []).append([float(v) for v in selection.per_epoch])
+            metric = selection.metric or metric
+        protocols.add(result.protocol.name)
     fig = Figure(figsize=(8, 8) if validation else (8, 5))
     axes = fig.subplots(2, 1) if validation else [fig.subplots()]
     ax = axes[0]
@@ -190,9 +182,9 @@ def distance_histograms(result_paths: Iterable[Path], out_png: Path, title: str)
     Densities, so the many more negatives do not flatten the positives."""
     records: dict[str, dict[str, Any]] = {}
     for path in sorted(result_paths):
-        result = _read(path)
-        if result.get("status") == "ok" and result.get("distances"):
-            records.setdefault(result["method"]["name"], result["distances"])
+        result = read_result(path)
+        if result.ok and result.distances:
+            records.setdefault(result.method.name, result.distances)
     names = sorted(records)
     cols = min(4, max(1, len(names)))
     rows = max(1, -(-len(names) // cols))

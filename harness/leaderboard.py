@@ -7,6 +7,7 @@ numbers from different protocols are not comparable and are never averaged toget
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from harness.cost import cost_section
 from harness.errors import HarnessError
 from harness.fingerprint import describe
 from harness.metrics import UNBOUNDED_METRICS
-from harness.results import load_results
+from harness.results import Environment, RunResult, load_results, parse_result
 
 METRIC_ORDER = ("recall@", "precision@1", "r_precision", "map@r", "map", "nmi", "f1", "lda")
 
@@ -39,49 +40,56 @@ def _mean_std(values: pd.Series, scale: float, digits: int) -> str:
     return f"{values.mean() * scale:.{digits}f} ± {values.std(ddof=1) * scale:.{digits}f}"
 
 
-def _table(runs: list[dict[str, Any]], ranked: bool = True) -> str:
-    """One row per method (mean +- std over its seeds), best first unless not `ranked`."""
-    rows = []
+def _coerce(runs: Iterable[RunResult | dict[str, Any]]) -> list[RunResult]:
+    """Results as RunResults; a dict (a result file's JSON) is read with its schema checks."""
+    return [r if isinstance(r, RunResult) else parse_result(r, "(in memory)") for r in runs]
+
+
+def _row(r: RunResult, name: str, metrics: dict[str, float], timed: bool) -> dict[str, Any]:
+    timings = (r.timings or {}) if timed else {}
+    return {"method": name, "seed": r.seed, "status": r.status, **metrics,
+            "img/s": timings.get("images_per_second"),
+            "s/epoch": timings.get("seconds_per_epoch"), "failure": r.failure}  # fmt: skip
+
+
+def completeness(runs: list[RunResult]) -> tuple[int, int, list[int]]:
+    """(finished, asked, missing) seeds of one method's runs: asked is every seed the runs'
+    sweeps asked for (the protocol's seeds for files that predate `sweep_seeds`)."""
+    asked = {s for r in runs for s in r.asked_seeds()}
+    finished = {r.seed for r in runs if r.ok}
+    return len(finished & asked) if asked else len(finished), len(asked), sorted(asked - finished)
+
+
+def _seeds_cell(runs: list[RunResult]) -> tuple[int | str, bool]:
+    """`3` for a complete row; `2/3 (incomplete)` when seeds asked for have not finished."""
+    finished, asked, missing = completeness(runs)
+    if not missing:
+        return sum(r.ok for r in runs), True
+    return f"{finished}/{asked} (incomplete)", False
+
+
+def _table(
+    runs: list[RunResult], ranked: bool = True, parts: bool = False
+) -> str:  # fmt: skip
+    """One row per method (mean +- std over its seeds), best first unless not `ranked`; a row
+    with unfinished seeds is marked and ranked below every complete row. With `parts`, one
+    row per method and part of a composite embedding, named `method / part`."""
+    rows, by_name = [], {}
     for r in runs:
-        row: dict[str, Any] = {
-            "method": r["method"]["name"],
-            "seed": r["seed"],
-            "status": r["status"],
-        }
-        row.update(r.get("metrics", {}))
-        timings = r.get("timings", {})
-        row["img/s"] = timings.get("images_per_second")
-        row["s/epoch"] = timings.get("seconds_per_epoch")
-        row["failure"] = r.get("failure")
-        rows.append(row)
+        named = ([(f"{r.method.name} / {part}", m) for part, m in (r.metrics_by_part or {}).items()]
+                 if parts else [(r.method.name, r.metrics or {})])  # fmt: skip
+        for name, metrics in named:
+            rows.append(_row(r, name, metrics, timed=not parts))
+            by_name.setdefault(name, []).append(r)
     df = pd.DataFrame(rows)
     metrics = sorted(
         (c for c in df.columns if _metric_key(c)[0] < len(METRIC_ORDER)), key=_metric_key
     )
-    out = []
-    for method, group in df.groupby("method", sort=False):
-        ok = group[group["status"] == "ok"]
-        line: dict[str, Any] = {"method": method, "seeds": len(ok)}
-        for name in metrics:
-            if name in UNBOUNDED_METRICS:  # a ratio, not a fraction: as is, two decimals
-                line[name] = _mean_std(ok[name], 1, 2) if name in ok else "-"
-            else:
-                line[f"{name} (%)"] = _mean_std(ok[name], 100, 1) if name in ok else "-"
-        trained = ok["s/epoch"].dropna()
-        line["img/s"] = _mean_std(ok["img/s"], 1, 0) if not trained.empty else "-"
-        line["s/epoch"] = _mean_std(trained, 1, 2) if not trained.empty else "-"
-        bad = group[group["status"] != "ok"]
-        line["notes"] = "; ".join(
-            f"seed {s}: {st} ({f})"
-            for s, st, f in bad[["seed", "status", "failure"]].itertuples(index=False)
-        )
-        sort_metric = metrics[0] if metrics else None
-        line["_sort"] = ok[sort_metric].mean() if sort_metric and not ok.empty else -1.0
-        out.append(line)
-    table = pd.DataFrame(out)
-    if ranked:
-        table = table.sort_values("_sort", ascending=False, kind="stable")
-    table = table.drop(columns="_sort")
+    out = [_line(method, group, metrics, by_name[method])
+           for method, group in df.groupby("method", sort=False)]  # fmt: skip
+    if ranked:  # complete rows first, each part best first (stable: ties keep their order)
+        out.sort(key=lambda line: (not line["_complete"], -_finite(line["_sort"])))
+    table = pd.DataFrame(out).drop(columns=["_sort", "_complete"])
     if not (table["notes"] != "").any():
         table = table.drop(columns="notes")
     return tabulate(
@@ -89,36 +97,61 @@ def _table(runs: list[dict[str, Any]], ranked: bool = True) -> str:
     )
 
 
-def _parts_table(runs: list[dict[str, Any]]) -> str:
-    """Each part of a composite embedding scored alone (HDC's single heads), one row per
-    method and part, named `method / part`; empty when no run has parts."""
-    parts = [
-        {**r, "method": {**r["method"], "name": f"{r['method']['name']} / {part}"},
-         "metrics": metrics, "timings": {}}
-        for r in runs
-        for part, metrics in r.get("metrics_by_part", {}).items()
-    ]  # fmt: skip
-    return _table(parts, ranked=False) if parts else ""
+def _finite(value: float) -> float:
+    return value if value == value else -math.inf  # NaN ranks last
 
 
-def _groups(
-    runs: Iterable[dict[str, Any]],
-) -> dict[tuple[str, int, str, Any], list[dict[str, Any]]]:
-    groups: dict[tuple[str, int, str, Any], list[dict[str, Any]]] = {}
+def _line(
+    method: str, group: pd.DataFrame, metrics: list[str], runs: list[RunResult]
+) -> dict[str, Any]:
+    """One method's row: seeds, mean +- std of each metric, speed, and notes."""
+    ok = group[group["status"] == "ok"]
+    seeds, complete = _seeds_cell(runs)
+    line: dict[str, Any] = {"method": method, "seeds": seeds}
+    for name in metrics:
+        if name in UNBOUNDED_METRICS:  # a ratio, not a fraction: as is, two decimals
+            line[name] = _mean_std(ok[name], 1, 2) if name in ok else "-"
+        else:
+            line[f"{name} (%)"] = _mean_std(ok[name], 100, 1) if name in ok else "-"
+    trained = ok["s/epoch"].dropna()
+    line["img/s"] = _mean_std(ok["img/s"], 1, 0) if not trained.empty else "-"
+    line["s/epoch"] = _mean_std(trained, 1, 2) if not trained.empty else "-"
+    bad = group[group["status"] != "ok"]
+    notes = [f"seed {s}: {st} ({f})"
+             for s, st, f in bad[["seed", "status", "failure"]].itertuples(index=False)]  # fmt: skip
+    missing = completeness(runs)[2]
+    if missing and not complete:
+        notes.append(f"not finished: seed{'s' if len(missing) > 1 else ''} "
+                     f"{', '.join(map(str, missing))}")  # fmt: skip
+    line["notes"] = "; ".join(notes)
+    sort_metric = metrics[0] if metrics else None
+    line["_sort"] = ok[sort_metric].mean() if sort_metric and not ok.empty else -1.0
+    line["_complete"] = complete
+    return line
+
+
+def _parts_table(runs: list[RunResult]) -> str:
+    """Each part of a composite embedding scored alone, one row per method and part, named
+    `method / part`; empty when no run has parts."""
+    with_parts = [r for r in runs if r.metrics_by_part]
+    return _table(with_parts, ranked=False, parts=True) if with_parts else ""
+
+
+def _groups(runs: Iterable[RunResult]) -> dict[tuple[str, int, str, Any], list[RunResult]]:
+    groups: dict[tuple[str, int, str, Any], list[RunResult]] = {}
     for r in runs:
-        p = r["protocol"]
-        key = (p["name"], p["version"], p["hash"], r.get("training", {}).get("max_steps"))
+        key = (r.protocol.name, r.protocol.version, r.protocol.hash, r.training.max_steps)
         groups.setdefault(key, []).append(r)
     return groups
 
 
-def paper_comparison(runs: list[dict[str, Any]]) -> list[str]:
+def paper_comparison(runs: list[RunResult]) -> list[str]:
     """For a protocol with a `paper:` entry: how it differs from the paper, then each of our
     metrics (mean over finished seeds) next to the published value and the difference, from
     protocols/reference/paper_results.yaml. Empty for other protocols."""
     from harness.data.reference import paper_results
 
-    paper = runs[0]["protocol"].get("content", {}).get("paper") or {}
+    paper = (runs[0].protocol.content or {}).get("paper") or {}
     if not paper.get("reference"):
         return []
     lines = []
@@ -130,17 +163,20 @@ def paper_comparison(runs: list[dict[str, Any]]) -> list[str]:
         return [*lines, f"(no published values for {paper['reference']} / {paper['dataset']})", ""]
     aliases = paper.get("methods") or {}
     rows = []
-    for method in sorted({r["method"]["name"] for r in runs}):
+    for method in sorted({r.method.name for r in runs}):
         theirs = published.get(aliases.get(method, method))
         if not theirs:
             continue
-        ok = [r for r in runs if r["method"]["name"] == method and r["status"] == "ok"]
+        mine = [r for r in runs if r.method.name == method]
+        finished, asked, missing = completeness(mine)
+        partial = f" ({finished}/{asked} seeds, incomplete)" if missing else ""
+        ok = [r for r in mine if r.ok]
         for metric, value in theirs.items():
-            ours = [100 * r["metrics"][metric] for r in ok if metric in r.get("metrics", {})]
+            ours = [100 * r.metrics[metric] for r in ok if metric in (r.metrics or {})]
             mean = sum(ours) / len(ours) if ours else None
             rows.append({
-                "method": method if method == aliases.get(method, method)
-                else f"{method} (paper: {aliases[method]})",
+                "method": (method if method == aliases.get(method, method)
+                           else f"{method} (paper: {aliases[method]})") + partial,
                 "metric": metric,
                 "ours (%)": "-" if mean is None else f"{mean:.1f}",
                 "paper (%)": f"{value:g}",
@@ -153,32 +189,33 @@ def paper_comparison(runs: list[dict[str, Any]]) -> list[str]:
     return [*lines, f"Against the published values ({source}):", "", table, ""]
 
 
-def render(runs: list[dict[str, Any]]) -> str:
-    """The whole leaderboard as markdown."""
+def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
+    """The whole leaderboard as markdown (dicts are read as result files' JSON)."""
+    runs = _coerce(runs)
     lines = [
         "# Leaderboard",
         "",
         "Generated by `python -m harness leaderboard` from the result files under `runs/`; "
         "do not edit by hand. Metrics in percent, mean ± sample std over seeds (one seed: the "
-        "value alone); `seeds` counts finished runs. Retrieval is all-vs-all on the test "
+        "value alone); `seeds` counts finished runs, and `2/3 (incomplete)` marks a method whose "
+        "seeds asked for have not all finished: it ranks below every complete row. Retrieval is all-vs-all on the test "
         "classes, which no model saw in training.",
     ]
     for (name, version, hash_, max_steps), group in sorted(_groups(runs).items(), key=str):
-        commits = sorted({r.get("environment", {}).get("git_commit", "?")[:10] for r in group})
-        devices = sorted(
-            {r.get("environment", {}).get("hardware", {}).get("device", "?") for r in group}
-        )
-        machines = sorted({describe(r.get("environment", {}).get("fingerprint")) for r in group})
-        dates = sorted(r.get("finished_at") or r.get("started_at") or "?" for r in group)
+        envs = [r.environment or Environment() for r in group]
+        commits = sorted({(e.git_commit or "?")[:10] for e in envs})
+        devices = sorted({e.hardware.device or "?" for e in envs})
+        machines = sorted({describe(e.fingerprint) for e in envs})
+        dates = sorted(r.finished_at or r.started_at or "?" for r in group)
         title = f"## {name} (protocol v{version}, hash `{hash_}`)"
         if max_steps is not None:
             title += f" — shortened to {max_steps} steps, not comparable to full runs"
         lines += ["", title, "", *paper_comparison(group), _table(group), ""]
         parts = _parts_table(group)
         if parts:
-            lines += ["Parts of composite embeddings, each scored alone (HDC's single heads; "
-                      "training cost is the whole method's):", "", parts, ""]  # fmt: skip
-        split = next((r["split"] for r in group if "split" in r), None)
+            lines += ["Parts of composite embeddings, each part scored alone as `method / part` "
+                      "(training cost is the whole method's):", "", parts, ""]  # fmt: skip
+        split = next((r.split for r in group if r.split), None)
         if split:
             lines.append(
                 f"Split `{split['hash']}`: {split['train_classes']} train classes "

@@ -1,22 +1,40 @@
-"""Run results: one JSON file per run, written atomically, with full provenance."""
+"""Run results: one JSON file per run, written atomically, with full provenance.
+
+The file is a `RunResult` (typed records below) written by `to_json` and read by
+`from_json`. Readers never dig through dictionaries: the runner fills a RunResult, and the
+leaderboard, figures, check and the runner's skip-if-finished logic read one.
+
+Schemas: 2 adds the optional `sweep_seeds` (the seeds the run's sweep asked for) to schema 1;
+nothing else changed, so schema-1 files load as they are (their `sweep_seeds` is absent and
+readers fall back to the protocol's seeds). A newer or unknown schema is refused with a
+one-line error saying what to do.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
+import socket
 import subprocess
 import tempfile
+import typing
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from harness.errors import HarnessError
 from harness.fingerprint import machine_fingerprint, package_versions
 
-RESULT_SCHEMA = 1
+RESULT_SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)  # 1: schema 2 without `sweep_seeds`; read as is
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "torch",
@@ -29,6 +47,206 @@ PACKAGES = (
     "pandas",
     "pyyaml",
 )
+
+R = TypeVar("R", bound="Record")
+
+
+def optional(default: Any = None) -> Any:
+    """A field left out of the JSON while it is None (written only once it is known)."""
+    return field(default=default, metadata={"omit_none": True})
+
+
+def _extra() -> Any:
+    return field(default_factory=dict, repr=False, compare=False)
+
+
+class ResultFormatError(ValueError):
+    """A result's JSON lacks a required key, or has no mapping where a record goes (the
+    message names the key, dotted)."""
+
+
+class Record:
+    """Typed JSON records: fields in file order; `extra` keeps keys this code does not know
+    (written by a newer minor change), so reading and writing a file loses nothing."""
+
+    extra: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.name == "extra" or (value is None and f.metadata.get("omit_none")):
+                continue
+            out[f.name] = value.to_json() if isinstance(value, Record) else value
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls: type[R], data: Any, where: str = "") -> R:
+        if not isinstance(data, dict):
+            raise ResultFormatError(f"{where or 'result'}: expected a mapping, got {data!r:.40}")
+        hints = typing.get_type_hints(cls)
+        kwargs: dict[str, Any] = {}
+        known = set()
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            known.add(f.name)
+            if f.name == "extra":
+                continue
+            name = f"{where}.{f.name}" if where else f.name
+            if f.name not in data:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise ResultFormatError(f"missing key {name!r}")
+                continue
+            value, record = data[f.name], _record_type(hints[f.name])
+            kwargs[f.name] = (
+                record.from_json(value, name) if record and value is not None else value
+            )
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in known}
+        return cls(**kwargs)
+
+
+def _record_type(annotation: Any) -> type[Record] | None:
+    """The Record class in `X` or `X | None`, else None (plain JSON values)."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, Record):
+            return candidate
+    return None
+
+
+@dataclass
+class ProtocolInfo(Record):
+    name: str
+    version: int
+    hash: str
+    path: str | None = optional()
+    content: dict[str, Any] | None = optional()  # the whole protocol, as hashed
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds the protocol asks for ([] when the file did not record its content)."""
+        return list((self.content or {}).get("seeds") or [])
+
+
+@dataclass
+class MethodInfo(Record):
+    name: str
+    version: int
+    paper: str | None = optional()
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class TrainingRecord(Record):
+    max_steps: int | None = None  # the --max-steps cap (None: the protocol's whole budget)
+    steps: int | None = optional()
+    epochs: float | None = optional()
+    epoch_loss: list[float] | None = optional()
+    epoch_seconds: list[float] | None = optional()
+    resumed_from_step: int | None = optional()
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class DatasetInfo(Record):
+    name: str
+    source: str | None = optional()
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class Hardware(Record):
+    device: str | None = optional()
+    machine_id: str | None = optional()
+    platform: str | None = optional()
+    processor: str | None = optional()
+    cpu_count: int | None = optional()
+    torch_threads: int | None = optional()
+    gpu: str | None = optional()
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class Environment(Record):
+    fingerprint: dict[str, Any] | None = optional()  # absent in the oldest files
+    git_commit: str | None = optional()
+    git_dirty: bool | None = optional()
+    python: str | None = optional()
+    packages: dict[str, str] | None = optional()
+    hardware: Hardware = field(default_factory=Hardware)
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class TupleCounts(Record):
+    kind: str | None
+    mined: int
+    per_step: float
+    pair_scores_evaluated: int
+    empty_steps: int
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class Selection(Record):
+    """Model selection on the validation classes: the metric per epoch and the epoch kept."""
+
+    metric: str
+    split: str
+    best_epoch: int | None
+    per_epoch: list[float]
+    seconds: float
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class RunResult(Record):
+    """One run's result file. Fields in the order they are written; those that are None and
+    marked optional are left out (a failed run has no metrics, an old file no sweep_seeds)."""
+
+    status: str  # running, ok, failed, not_applicable
+    protocol: ProtocolInfo
+    method: MethodInfo
+    seed: int
+    schema: int = RESULT_SCHEMA
+    failure: str | None = None
+    sweep_seeds: list[int] | None = optional()
+    training: TrainingRecord = field(default_factory=TrainingRecord)
+    dataset: DatasetInfo | None = optional()
+    split: dict[str, Any] | None = optional()  # Split.summary(): hash, class and image counts
+    started_at: str | None = optional()
+    harness_version: str | None = optional()
+    environment: Environment | None = optional()
+    backbone_weights: dict[str, Any] | None = optional()
+    distances: dict[str, Any] | None = optional()  # histogram: edges, positive, negative
+    metrics: dict[str, float] | None = optional()
+    metrics_by_part: dict[str, dict[str, float]] | None = optional()
+    timings: dict[str, float] | None = optional()
+    tuples: TupleCounts | None = optional()
+    selection: Selection | None = optional()
+    retrieval: dict[str, Any] | None = optional()
+    finished_at: str | None = optional()
+    extra: dict[str, Any] = _extra()
+
+    FIRST_KEYS: typing.ClassVar[tuple[str, ...]] = ("schema", "status", "failure")
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        head = {k: data.pop(k) for k in self.FIRST_KEYS}  # as schema 1 wrote them
+        return {**head, **data}
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def hardware(self) -> Hardware:
+        return self.environment.hardware if self.environment else Hardware()
+
+    def asked_seeds(self) -> list[int]:
+        """The seeds this run's sweep asked for: recorded since schema 2, else the protocol's."""
+        return list(self.sweep_seeds) if self.sweep_seeds is not None else self.protocol.seeds
 
 
 def result_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
@@ -52,22 +270,94 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
-def read_result(path: Path) -> dict[str, Any]:
+def write_result(path: Path, result: RunResult) -> None:
+    write_json_atomic(path, result.to_json())
+
+
+def parse_result(data: Any, source: str) -> RunResult:
+    """A result file's JSON -> RunResult, reading every schema in READABLE_SCHEMAS; a newer,
+    unknown or malformed one is refused with a one-line HarnessError naming the fix."""
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise HarnessError(
+            f"result file {source} is not a run result (no schema); delete or move it"
+        )
+    if schema > RESULT_SCHEMA:
+        raise HarnessError(
+            f"result file {source} has schema {schema}, newer than this harness reads (up to "
+            f"{RESULT_SCHEMA}): update the harness (git pull), or move the file out of runs/"
+        )
+    if schema not in READABLE_SCHEMAS:
+        raise HarnessError(
+            f"result file {source} has unknown schema {schema} (this harness reads "
+            f"{', '.join(map(str, READABLE_SCHEMAS))}); delete or move it"
+        )
+    try:
+        return RunResult.from_json(data)
+    except ResultFormatError as exc:
+        raise HarnessError(
+            f"result file {source} is a malformed schema-{schema} run result ({exc}); delete or "
+            "move it"
+        ) from None
+
+
+def read_result(path: Path) -> RunResult:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HarnessError(f"unreadable result file {path}: {exc}; delete or restore it") from None
-    if not isinstance(data, dict) or data.get("schema") != RESULT_SCHEMA:
-        raise HarnessError(
-            f"result file {path} is not a schema-{RESULT_SCHEMA} run result; delete or move it"
-        )
-    return data
+    return parse_result(data, str(path))
 
 
-def load_results(results_dir: Path) -> list[dict[str, Any]]:
+def result_paths(results_dir: Path) -> list[Path]:
+    """Every run result file under results_dir/runs, sorted."""
+    return sorted((Path(results_dir) / "runs").glob("*/*/seed*.json"))
+
+
+def load_results(results_dir: Path) -> list[RunResult]:
     """Every run result under results_dir/runs, sorted by path."""
-    runs = Path(results_dir) / "runs"
-    return [read_result(p) for p in sorted(runs.glob("*/*/seed*.json"))]
+    return [read_result(p) for p in result_paths(results_dir)]
+
+
+def archive(path: Path, results_dir: Path) -> Path:
+    """Move a result that is about to be replaced under results/archive/, stamped by time."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    target = results_dir / "archive" / path.relative_to(results_dir / "runs")
+    target = target.with_name(f"{target.stem}-{stamp}.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path.replace(target)
+    return target
+
+
+@contextmanager
+def run_lock(path: Path) -> Iterator[bool]:
+    """An exclusive lock file next to the result: yields False if a live process holds it,
+    so two sweeps sharing a results folder never run (or write) the same run at once."""
+    lock = path.with_name(path.stem + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().split()[0])
+                os.kill(pid, 0)  # raises if that process is gone
+                yield False
+                return
+            except (ValueError, IndexError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # stale: its owner died (kill -9)
+                continue
+            except PermissionError:
+                yield False
+                return
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
+        try:
+            yield True
+        finally:
+            lock.unlink(missing_ok=True)
+        return
+    yield False
 
 
 def _git(*args: str) -> str:

@@ -12,12 +12,9 @@ import dataclasses
 import inspect
 import json
 import logging
-import os
-import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,24 +33,36 @@ from harness.model import build_model
 from harness.protocol import Protocol, load_protocol
 from harness.registry import closest
 from harness.results import (
-    RESULT_SCHEMA,
+    DatasetInfo,
+    Environment,
+    MethodInfo,
+    ProtocolInfo,
+    RunResult,
+    Selection,
+    TrainingRecord,
+    TupleCounts,
+    archive,
     environment,
     machine_id,
     read_result,
     result_path,
-    write_json_atomic,
+    run_lock,
+    write_result,
 )
 from harness.splits import Split, split_classes
-from harness.train import TrainingFailed, train
+from harness.train import TrainingFailed, TrainStats, train
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything one run needs; plain data, so a sweep can be shipped to other workers."""
+    """Everything one run needs; plain, picklable data, so a sweep can be shipped to other
+    workers. `plan` fills in the parsed protocol, the method's resolved hyperparameters and
+    the sweep's seeds once; a spec made by hand may give a protocol name or path instead, and
+    `resolve` completes it."""
 
-    protocol: str
+    protocol: Protocol | str = field(hash=False)  # parsed by plan; a name or path is parsed once
     method: str
     seed: int
     data_root: str | None = None
@@ -62,6 +71,40 @@ class RunSpec:
     results_dir: str = "results"
     force: bool = False
     weights: str | None = None  # a local ImageNet weights file (overrides backbone.weights_file)
+    hyperparameters: dict[str, Any] | None = field(default=None, hash=False)  # None: resolve
+    sweep_seeds: tuple[int, ...] | None = None  # what the sweep asked for (None: the protocol's)
+
+    @property
+    def parsed_protocol(self) -> Protocol:
+        if isinstance(self.protocol, str):
+            raise HarnessError(f"run spec for {self.method} is not resolved; call resolve() first")
+        return self.protocol
+
+
+def resolve(spec: RunSpec) -> RunSpec:
+    """The spec with its protocol parsed and the method's hyperparameters resolved (defaults
+    with the protocol's overrides; an unknown override is an error); a resolved spec as is."""
+    protocol = load_protocol(spec.protocol) if isinstance(spec.protocol, str) else spec.protocol
+    hyper = spec.hyperparameters
+    if hyper is None:
+        hyper = METHODS.get(spec.method).hyperparameters(protocol.method_overrides(spec.method))
+    if protocol is spec.protocol and hyper is spec.hyperparameters:
+        return spec
+    return dataclasses.replace(spec, protocol=protocol, hyperparameters=hyper)
+
+
+def resolve_all(specs: list[RunSpec]) -> list[RunSpec]:
+    """Resolve a sweep, parsing each protocol named by path once (not once per spec)."""
+    parsed: dict[str, Protocol] = {}
+    for spec in specs:
+        if isinstance(spec.protocol, str) and spec.protocol not in parsed:
+            parsed[spec.protocol] = load_protocol(spec.protocol)
+    return [
+        resolve(dataclasses.replace(s, protocol=parsed[s.protocol]))
+        if isinstance(s.protocol, str)
+        else resolve(s)
+        for s in specs
+    ]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,18 +125,27 @@ def plan(
     seeds: list[int] | None = None,
     **options: Any,
 ) -> list[RunSpec]:
-    """One RunSpec per (method, seed); unknown methods and bad overrides fail before any run."""
-    for name in methods:
-        METHODS.get(name).hyperparameters(protocol.method_overrides(name))
+    """One resolved RunSpec per (method, seed): the protocol parsed once, each method's
+    hyperparameters resolved once; unknown methods and bad overrides fail before any run."""
+    hyper = {name: METHODS.get(name).hyperparameters(protocol.method_overrides(name))
+             for name in methods}  # fmt: skip
     for name in protocol.methods:
         if name not in METHODS:
             raise HarnessError(
                 f"{protocol.path}: methods: unknown method {name!r}{closest(name, METHODS.names())}"
             )
+    asked = tuple(seeds if seeds is not None else protocol.seeds)
     return [
-        RunSpec(protocol=protocol.path, method=m, seed=s, **options)
+        RunSpec(
+            protocol=protocol,
+            method=m,
+            seed=s,
+            hyperparameters=hyper[m],
+            sweep_seeds=asked,
+            **options,
+        )
         for m in methods
-        for s in (seeds if seeds is not None else protocol.seeds)
+        for s in asked
     ]
 
 
@@ -153,85 +205,34 @@ def contiguous(labels: np.ndarray) -> np.ndarray:
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 
 
-def _same_run(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def _same_run(old: RunResult, new: RunResult) -> bool:
     """A finished result of this very configuration, made on this machine: skip the run.
     (A clone on another machine reruns and archives what it found: its numbers are its own.)"""
-    made_on = old.get("environment", {}).get("hardware", {}).get("machine_id")
     return (
-        old.get("status") == "ok"
-        and made_on == machine_id()
-        and old["protocol"]["hash"] == new["protocol"]["hash"]
-        and old["method"]["version"] == new["method"]["version"]
-        and old["method"]["hyperparameters"] == new["method"]["hyperparameters"]
-        and old["training"].get("max_steps") == new["training"]["max_steps"]
+        old.ok
+        and old.hardware.machine_id == machine_id()
+        and old.protocol.hash == new.protocol.hash
+        and old.method.version == new.method.version
+        and old.method.hyperparameters == new.method.hyperparameters
+        and old.training.max_steps == new.training.max_steps
     )
-
-
-def archive(path: Path, results_dir: Path) -> Path:
-    """Move a result that is about to be replaced under results/archive/, stamped by time."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    target = results_dir / "archive" / path.relative_to(results_dir / "runs")
-    target = target.with_name(f"{target.stem}-{stamp}.json")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    path.replace(target)
-    return target
 
 
 def checkpoint_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
     return results_dir / "checkpoints" / protocol / method / f"seed{seed}.pt"
 
 
-@contextmanager
-def run_lock(path: Path) -> Iterator[bool]:
-    """An exclusive lock file next to the result: yields False if a live process holds it,
-    so two sweeps sharing a results folder never run (or write) the same run at once."""
-    lock = path.with_name(path.stem + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().split()[0])
-                os.kill(pid, 0)  # raises if that process is gone
-                yield False
-                return
-            except (ValueError, IndexError, ProcessLookupError, FileNotFoundError):
-                lock.unlink(missing_ok=True)  # stale: its owner died (kill -9)
-                continue
-            except PermissionError:
-                yield False
-                return
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
-        try:
-            yield True
-        finally:
-            lock.unlink(missing_ok=True)
-        return
-    yield False
-
-
 def execute(
     spec: RunSpec, progress: bool = True, on_epoch_end: Callable[[int], None] | None = None
 ) -> tuple[str, Path]:
     """Run one spec unless an identical finished result exists; returns (status, path)."""
-    protocol = load_protocol(spec.protocol)
+    spec = resolve(spec)
+    protocol = spec.parsed_protocol
     method_spec = METHODS.get(spec.method)
-    hyper = method_spec.hyperparameters(protocol.method_overrides(spec.method))
+    hyper = spec.hyperparameters
     results_dir = Path(spec.results_dir)
     path = result_path(results_dir, protocol.name, spec.method, spec.seed)
-    record: dict[str, Any] = {
-        "schema": RESULT_SCHEMA,
-        "status": "running",
-        "failure": None,
-        "protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash,
-                     "path": protocol.path, "content": protocol.content()},
-        "method": {"name": spec.method, "version": method_spec.version,
-                   "paper": method_spec.paper, "hyperparameters": hyper},
-        "seed": spec.seed,
-        "training": {"max_steps": spec.max_steps},
-    }  # fmt: skip
+    record = new_result(spec, method_spec)
     if path.exists() and not spec.force and _same_run(read_result(path), record):
         return "skipped", path
     with run_lock(path) as locked:
@@ -246,12 +247,76 @@ def execute(
         return _execute(spec, protocol, method_spec, hyper, record, path, progress, on_epoch_end)
 
 
+def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
+    """What a run is before it starts: protocol, method, seed, the sweep's seeds, budget."""
+    protocol = spec.parsed_protocol
+    return RunResult(
+        status="running",
+        protocol=ProtocolInfo(protocol.name, protocol.version, protocol.hash, protocol.path,
+                              protocol.content()),
+        method=MethodInfo(spec.method, method_spec.version, method_spec.paper,
+                          dict(spec.hyperparameters or {})),
+        seed=spec.seed,
+        sweep_seeds=list(spec.sweep_seeds if spec.sweep_seeds is not None else protocol.seeds),
+        training=TrainingRecord(max_steps=spec.max_steps),
+    )  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _describe_run(
+    record: RunResult, protocol: Protocol, data: LabelledImages, split: Split, device: torch.device
+) -> None:
+    """Where the run's numbers come from: dataset, split, start time, code and machine."""
+    record.dataset = DatasetInfo(protocol.dataset.name, data.source)
+    record.split = split.summary()
+    record.started_at = _now()
+    record.harness_version = harness.__version__
+    record.environment = Environment.from_json(environment(device))
+
+
+def _stop(record: RunResult, path: Path, status: str, failure: str) -> tuple[str, Path]:
+    """Write a run that ends without metrics (failed, not applicable) and say so."""
+    record.status, record.failure = status, failure
+    write_result(path, record)
+    return status, path
+
+
+def _record_outcome(
+    record: RunResult, stats: TrainStats, select_by: str, metrics: dict[str, float],
+    by_part: dict[str, dict[str, float]], eval_timings: dict[str, float],
+) -> None:  # fmt: skip
+    """A finished run: its metrics (and each part's, for a composite embedding), timings,
+    training counts and losses, mined tuples and model selection."""
+    record.status, record.metrics, record.finished_at = "ok", metrics, _now()
+    record.metrics_by_part = by_part or None  # left out when the embedding has no parts
+    record.timings = {**stats.summary(), **eval_timings}
+    record.tuples = TupleCounts(
+        kind=stats.tuple_kind, mined=stats.tuples_mined,
+        per_step=round(stats.tuples_mined / max(stats.steps, 1), 2),
+        pair_scores_evaluated=stats.pair_scores_evaluated, empty_steps=stats.empty_steps,
+    )  # fmt: skip
+    training = record.training
+    training.steps, training.epochs = stats.steps, round(stats.epochs, 3)
+    training.epoch_loss = [round(v, 6) for v in stats.epoch_loss]
+    training.epoch_seconds = [round(v, 3) for v in stats.epoch_seconds]
+    training.resumed_from_step = stats.resumed_from_step
+    if stats.validation:
+        record.selection = Selection(
+            metric=select_by, split="validation", best_epoch=stats.best_epoch,
+            per_epoch=[round(v, 6) for v in stats.validation],
+            seconds=round(stats.validation_seconds, 3),
+        )  # fmt: skip
+
+
 def _execute(
     spec: RunSpec,
     protocol: Protocol,
     method_spec: MethodSpec,
     hyper: dict[str, Any],
-    record: dict[str, Any],
+    record: RunResult,
     path: Path,
     progress: bool,
     on_epoch_end: Callable[[int], None] | None,
@@ -260,20 +325,14 @@ def _execute(
     device = resolve_device(spec.device)
     prepared = prepare_data(protocol, spec.data_root)
     data, split = prepared.data, prepared.split
-    record["dataset"] = {"name": protocol.dataset.name, "source": data.source}
-    record["split"] = split.summary()
-    record["started_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    record["harness_version"] = harness.__version__
-    record["environment"] = environment(device)
+    _describe_run(record, protocol, data, split, device)
     if method_spec.needs_coarse_labels and not data.has_coarse:
-        record.update(status="not_applicable",
-                      failure=f"{spec.method} needs coarse labels; {protocol.dataset.name} has none")  # fmt: skip
-        write_json_atomic(path, record)
-        return "not_applicable", path
+        return _stop(record, path, "not_applicable",
+                     f"{spec.method} needs coarse labels; {protocol.dataset.name} has none")  # fmt: skip
 
     weights_file = spec.weights or protocol.backbone.weights_file
     if weights_file:
-        record["backbone_weights"] = weights_record(weights_file)
+        record.backbone_weights = weights_record(weights_file)
     train_labels = data.labels[split.train]
     model = build_model(
         protocol, spec.method, hyper, spec.seed, device, in_channels=data.images.shape[1],
@@ -284,7 +343,7 @@ def _execute(
     backbone, method = model.backbone, model.method
     train_coarse = None if data.coarse_labels is None else data.coarse_labels[split.train]
     ckpt = checkpoint_path(results_dir, protocol.name, spec.method, spec.seed)
-    identity = json.dumps([record["protocol"]["hash"], record["method"], spec.seed,
+    identity = json.dumps([record.protocol.hash, record.method.to_json(), spec.seed,
                            spec.max_steps], sort_keys=True)  # fmt: skip
     validate = None
     if len(split.validation):  # model selection on the validation classes, never on the test
@@ -300,10 +359,9 @@ def _execute(
                       progress=progress, checkpoint=ckpt, identity=identity,
                       on_epoch_end=on_epoch_end, validate=validate)  # fmt: skip
     except TrainingFailed as exc:
-        record.update(status="failed", failure=str(exc))
-        write_json_atomic(path, record)
+        stopped = _stop(record, path, "failed", str(exc))
         ckpt.unlink(missing_ok=True)
-        return "failed", path
+        return stopped
     if len(split.gallery):  # an official query / gallery split (In-shop)
         metrics, eval_timings = evaluate_query_gallery(
             backbone, method, data.images[split.query], data.labels[split.query],
@@ -314,34 +372,17 @@ def _execute(
         result = evaluate(backbone, method, data.images[split.test], data.labels[split.test],
                           protocol, device, spec.seed)  # fmt: skip
         metrics, eval_timings, by_part = result.metrics, result.timings, result.by_part
-        record["distances"] = result.distances
-    record["status"] = "ok"
-    record["metrics"] = metrics
-    if by_part:  # a composite embedding's parts, each scored alone (HDC's single heads)
-        record["metrics_by_part"] = by_part
-    record["timings"] = {**stats.summary(), **eval_timings}
-    record["tuples"] = {"kind": stats.tuple_kind, "mined": stats.tuples_mined,
-                        "per_step": round(stats.tuples_mined / max(stats.steps, 1), 2),
-                        "pair_scores_evaluated": stats.pair_scores_evaluated,
-                        "empty_steps": stats.empty_steps}  # fmt: skip
-    record["training"].update(steps=stats.steps, epochs=round(stats.epochs, 3),
-                              epoch_loss=[round(v, 6) for v in stats.epoch_loss],
-                              epoch_seconds=[round(v, 3) for v in stats.epoch_seconds])  # fmt: skip
-    record["training"]["resumed_from_step"] = stats.resumed_from_step
-    if stats.validation:
-        record["selection"] = {"metric": protocol.evaluation.select_by,
-                               "split": "validation", "best_epoch": stats.best_epoch,
-                               "per_epoch": [round(v, 6) for v in stats.validation],
-                               "seconds": round(stats.validation_seconds, 3)}  # fmt: skip
-    record["retrieval"] = retrieval_record(method, protocol, len(split.test))
-    record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    write_json_atomic(path, record)
+        record.distances = result.distances
+    _record_outcome(record, stats, protocol.evaluation.select_by, metrics, by_part, eval_timings)
+    record.retrieval = retrieval_record(method, protocol, len(split.test))
+    write_result(path, record)
     ckpt.unlink(missing_ok=True)
     return "ok", path
 
 
 def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
     """Run specs in order; one failed run does not stop the others. Returns counts by status."""
+    specs = resolve_all(specs)
     counts: dict[str, int] = {}
     for n, spec in enumerate(specs, 1):
         start = time.perf_counter()
@@ -368,8 +409,9 @@ def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[s
     bit across machines (the regression check) pins it: then a 2-core and a 16-core machine
     of one processor type agree, and the spare cores run other specs in parallel instead.
     Returns counts by status; one failed run does not stop the others."""
+    specs = resolve_all(specs)  # parse each protocol once, here, not in every worker
     for spec in specs:  # build each dataset cache once, here, before the workers read it
-        prepare_data(load_protocol(spec.protocol), spec.data_root)
+        prepare_data(spec.parsed_protocol, spec.data_root)
     counts: dict[str, int] = {}
     start = time.perf_counter()
     if workers <= 1:

@@ -23,13 +23,14 @@ from harness.check import (
 from harness.cli import main
 from harness.errors import HarnessError
 from harness.protocol import load_protocol
+from harness.results import MethodInfo, ProtocolInfo, RunResult
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run(method: str, seed: int, metrics: dict, version: int = 1, status: str = "ok") -> dict:
-    return {"status": status, "failure": None, "seed": seed,
-            "method": {"name": method, "version": version}, "metrics": metrics}  # fmt: skip
+def run(method: str, seed: int, metrics: dict, version: int = 1, status: str = "ok") -> RunResult:
+    return RunResult(status=status, protocol=ProtocolInfo("p", 1, "h"), seed=seed,
+                     method=MethodInfo(method, version), metrics=metrics)  # fmt: skip
 
 
 BASE = {

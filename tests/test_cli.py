@@ -54,6 +54,10 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
     assert record["environment"]["packages"]["torch"]
     assert record["tuples"]["kind"] == "pairs" and record["tuples"]["per_step"] == 120
     assert set(record["metrics"]) >= {"recall@1", "recall@2", "map@r", "nmi", "f1", "map"}
+    # a fresh result has every key of a committed (schema-1) one, plus the sweep's seeds
+    assert record["schema"] == 2 and record["sweep_seeds"] == [0]
+    committed = json.loads((REPO / "results/runs/default/contrastive/seed0.json").read_text())
+    assert _keys(record) == _keys(committed) | {"sweep_seeds"}
     board = (results / "LEADERBOARD.md").read_text()
     assert "| contrastive" in board and "| untrained" in board and "smoke" in board
     mtime = path.stat().st_mtime_ns
@@ -62,6 +66,17 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
     assert main([*args, "--force"]) == 0  # a forced rerun archives the old result
     archived = list((results / "archive").rglob("seed0-*.json"))
     assert len(archived) == 2
+
+
+def _keys(record: dict, prefix: str = "") -> set[str]:
+    """Dotted key paths, not descending into values whose keys are data (metrics, content)."""
+    free = ("content", "hyperparameters", "metrics", "distances", "packages", "fingerprint")
+    out = set()
+    for key, value in record.items():
+        out.add(prefix + key)
+        if isinstance(value, dict) and key not in free:
+            out |= _keys(value, f"{prefix}{key}.")
+    return out
 
 
 def test_ls_json_lists_everything():

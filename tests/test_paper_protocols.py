@@ -17,6 +17,7 @@ from harness.cli import main
 from harness.errors import HarnessError
 from harness.leaderboard import paper_comparison
 from harness.protocol import PROTOCOL_DIR, BackboneSpec, load_protocol
+from harness.results import MethodInfo, ProtocolInfo, RunResult
 
 PAPER_PROTOCOLS = sorted(
     p.stem for p in PROTOCOL_DIR.glob("*.yaml") if p.stem.split("_")[0] in
@@ -157,11 +158,11 @@ def test_no_network_and_no_file_stops_instead_of_training_from_random(tmp_path, 
         build_backbone(spec, 3)
 
 
-def _run(method: str, seed: int, recall1: float) -> dict:
+def _run(method: str, seed: int, recall1: float, **extra) -> RunResult:
     content = load_protocol("pddm_cars196").content()
-    return {"protocol": {"name": "pddm_cars196", "version": 1, "hash": "h", "content": content},
-            "method": {"name": method}, "seed": seed, "status": "ok",
-            "metrics": {"recall@1": recall1, "recall@2": 0.5}}  # fmt: skip
+    return RunResult(protocol=ProtocolInfo("pddm_cars196", 1, "h", content=content),
+                     method=MethodInfo(method, 1), seed=seed, status="ok",
+                     metrics={"recall@1": recall1, "recall@2": 0.5}, **extra)  # fmt: skip
 
 
 def test_paper_comparison_shows_ours_the_papers_and_the_difference():
@@ -173,5 +174,9 @@ def test_paper_comparison_shows_ours_the_papers_and_the_difference():
     assert "| contrastive | recall@2 | 50.0 | 32.3 | +17.7 |" in text
     assert "| contrastive | recall@4 | - | 46.1 | - |" in text  # not measured here
     assert "untrained" not in text  # no published value
-    runs[0]["protocol"]["content"].pop("paper")
+    # a sweep asked for 3 seeds and 2 finished: the mean is marked, never passed off as full
+    partial = [_run("contrastive", s, 0.25, sweep_seeds=[0, 1, 2]) for s in (0, 1)]
+    text = " ".join("\n".join(paper_comparison(partial)).split())
+    assert "| contrastive (2/3 seeds, incomplete) | recall@1 | 25.0 | 21.7 | +3.3 |" in text
+    runs[0].protocol.content.pop("paper")
     assert paper_comparison(runs) == []
