@@ -18,6 +18,9 @@ from harness.metrics import (
     kmeans,
     nmi,
 )
+from harness.metrics import report as metrics_report
+from harness.metrics.ranks import relevant_ranks
+from harness.metrics.topk import average_precision_sorted, stable_topk
 
 RETRIEVAL = ["recall@K", "precision@1", "r_precision", "map@r", "map"]
 HAS_FAISS = M.faiss is not None
@@ -183,12 +186,13 @@ def test_stable_topk_matches_a_full_stable_sort_with_many_ties():
     keys = torch.randint(0, 4, (50, 40), generator=gen).double()  # heavy ties
     reference = torch.sort(keys, dim=1, stable=True).indices
     for m in (1, 3, 10, 39, 40):
-        assert torch.equal(M._stable_topk(keys, m), reference[:, :m])
+        assert torch.equal(stable_topk(keys, m), reference[:, :m])
 
 
 @pytest.mark.parametrize("high", [3, 1000])
 def test_fast_average_precision_matches_full_sort(high):
     # high=3: integer keys with many relevant/irrelevant ties (fallback rows); 1000: few ties.
+    # Column 1 plays the query itself (all-vs-all): it is in neither set.
     gen = torch.Generator().manual_seed(1)
     keys = torch.randint(0, high, (30, 60), generator=gen).double()
     labels_q = torch.randint(0, 4, (30,), generator=gen)
@@ -198,8 +202,15 @@ def test_fast_average_precision_matches_full_sort(high):
     irrelevant = ~relevant
     irrelevant[:, 1] = False  # an item counted in neither set (like the query itself)
     relevant[:, 1] = False
-    fast = M._average_precision(keys, relevant, irrelevant)
-    slow = M._average_precision_sorted(keys, relevant, irrelevant)
+    width = int(relevant.sum(1).max())
+    partners = torch.full((30, width), -1, dtype=torch.long)
+    for row in range(30):
+        found = torch.nonzero(relevant[row]).squeeze(1)
+        partners[row, : len(found)] = found
+    ranks = relevant_ranks(keys, torch.ones(30, dtype=torch.long), partners, all_vs_all=True)
+    t = torch.arange(1, width + 1, dtype=torch.float64)
+    fast = (t / ranks).sum(1) / relevant.sum(1)
+    slow = average_precision_sorted(keys, relevant, irrelevant)
     assert torch.allclose(fast, slow, rtol=0, atol=1e-12)
 
 
@@ -231,7 +242,7 @@ def test_auto_uses_faiss_only_for_large_galleries_without_map_or_scorer(monkeypa
     x, y = _random_data(n=60)
     top_k = ["recall@K", "precision@1"]
     assert compute_report(x, y, metrics=top_k).knn_backend == "torch"
-    monkeypatch.setattr(M, "FAISS_AUTO_MIN_GALLERY", 50)
+    monkeypatch.setattr(metrics_report, "FAISS_AUTO_MIN_GALLERY", 50)
     assert compute_report(x, y, metrics=top_k).knn_backend == "faiss"
     assert compute_report(x, y, metrics=[*top_k, "map"]).knn_backend == "torch"
     scorer = lambda q, g: q @ g.T  # noqa: E731
