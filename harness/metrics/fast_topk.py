@@ -2,7 +2,7 @@
 
 The float32 keys of centred embeddings, k32 = ||g - mu||^2 - 2 (q - mu).(g - mu), order each
 row like the float64 keys (they differ by a per-row constant in exact arithmetic), and differ
-from them by at most ``err`` (a rounding bound, about 4 (D + 4) u32 (||q - mu|| + max ||g - mu||)^2).
+from them by at most ``err`` (a rounding bound, about 2 (D + 4) eps32 (||q - mu|| + max ||g - mu||)^2).
 So with t the m-th smallest k32 of a row, the m nearest items by the float64 keys (ties to the
 lower index) are all among the candidates with k32 <= t + 2 err. The candidates' float64 keys
 are computed exactly as the full pass would, and sorted by (key, index). A row whose candidates
@@ -32,25 +32,55 @@ def fast_topk_pass(
     qc, gc = (q64 - mu).to(torch.float32), (g64 - mu).to(torch.float32)
     gc_sq = (gc * gc).sum(1)
     err = _rounding_bound(q64, g64, qc, gc)
+    offset = 2 * (q64 @ mu) - mu @ mu  # k32 - k64 in exact arithmetic, per query row
     width = min(need + SLACK, len(split.g_ids))
     for start in range(0, len(split.active), chunk_size):
         rows = split.active[start : start + chunk_size]
         k32 = torch.addmm(gc_sq.unsqueeze(0), qc[rows], gc.T, beta=1.0, alpha=-2.0)
         values, index = torch.topk(k32, width, dim=1, largest=False, sorted=True)
         del k32
-        limit = values[:, need - 1] + 2 * err[rows]
-        complete = (values[:, -1] > limit) | (width == len(split.g_ids))
-        exact = g_sq64[index] - 2 * torch.bmm(g64[index], q64[rows].unsqueeze(2)).squeeze(2)
-        exact.masked_fill_(values > limit.unsqueeze(1), float("inf"))
-        index, perm = torch.sort(index, dim=1)  # (key, index) order: by index, then stably
-        exact = exact.gather(1, perm)
-        order = index.gather(1, torch.sort(exact, dim=1, stable=True).indices)[:, :need]
-        if not bool(complete.all()):
+        margin = 2 * err[rows].unsqueeze(1)
+        order = _exact_order(need, values, index, margin, offset[rows], q64[rows], g64, g_sq64)
+        order = order[:, :need]
+        complete = (values[:, -1:] > values[:, need - 1 : need] + margin).squeeze(1)
+        if width < len(split.g_ids) and not bool(complete.all()):
             late = torch.nonzero(~complete).squeeze(1)
             keys = torch.addmm(g_sq64.unsqueeze(0), q64[rows[late]], g64.T, alpha=-2.0)
             order[late] = stable_topk(keys, need)
         rel = relevance(order, rows, split.q_ids, split.g_ids, split.all_vs_all)
         topk_metrics(rel[:, :depth], split.r_counts[rows], ks, names, sums.add)
+
+
+def _exact_order(
+    need: int,
+    values: torch.Tensor,
+    index: torch.Tensor,
+    margin: torch.Tensor,
+    offset: torch.Tensor,
+    q64: torch.Tensor,
+    g64: torch.Tensor,
+    g_sq64: torch.Tensor,
+) -> torch.Tensor:
+    """The candidates [n, k'] (float32 keys ``values`` ascending) in exact (key, index) order
+    over the first ``need`` positions.
+
+    Consecutive float32 keys more than ``margin`` apart are in float64 order already; only items
+    in a run of closer keys need their float64 key. The others keep their float32 key, moved by
+    the row's centring ``offset`` onto the float64 scale (within the margin of it)."""
+    close = values[:, 1:] - values[:, :-1] <= margin
+    shared = torch.zeros_like(values, dtype=torch.bool)
+    shared[:, 1:] |= close
+    shared[:, :-1] |= close
+    group = torch.cat([torch.zeros_like(close[:, :1]), ~close], dim=1).cumsum(1)
+    shared &= group <= group[:, need - 1 : need]  # later groups cannot reach the first m
+    keys = values.to(torch.float64) - offset.unsqueeze(1)
+    at = torch.nonzero(shared)
+    if len(at):
+        cols, rows = index[at[:, 0], at[:, 1]], at[:, 0]
+        dot = torch.bmm(g64[cols].unsqueeze(1), q64[rows].unsqueeze(2)).view(-1)
+        keys[at[:, 0], at[:, 1]] = g_sq64[cols] - 2 * dot
+    index, perm = torch.sort(index, dim=1)  # by index, then stably by key
+    return index.gather(1, torch.sort(keys.gather(1, perm), dim=1, stable=True).indices)
 
 
 def _rounding_bound(
@@ -63,4 +93,6 @@ def _rounding_bound(
     gc_norm = float(gc.to(torch.float64).norm(dim=1).max())
     q_norm = q64.norm(dim=1)
     g_norm = float(g64.norm(dim=1).max())
-    return 4 * (dim + 4) * (u32 * (qc_norm + gc_norm) ** 2 + u64 * (q_norm + g_norm) ** 2)
+    # The float32 error is at most (D + 3) u (||q|| + ||g||)^2 with u = eps / 2 (dot products,
+    # squared norms, rounding the centred inputs, the final sum); 4x that, to be safe.
+    return 2 * (dim + 4) * (u32 * (qc_norm + gc_norm) ** 2 + u64 * (q_norm + g_norm) ** 2)

@@ -39,34 +39,55 @@ def relevant_ranks(
     keys: torch.Tensor, rows: torch.Tensor, partners: torch.Tensor, all_vs_all: bool
 ) -> torch.Tensor:
     """[n, W] float64 ranks (1-based) of each row's relevant items in ascending order, +inf
-    padded; ``partners`` [n, W] are the rows' same-class gallery indices (-1 padded)."""
+    padded; ``partners`` [n, W] are the rows' same-class gallery indices (-1 padded).
+
+    The rows are sorted as float32 first (rounding is monotone, so counts below a relevant key
+    stay exact unless an irrelevant item rounds to the same float32); rows where one does are
+    counted again at the keys' own precision, and rows with a true tie by a stable sort."""
     valid = partners >= 0
     if all_vs_all:
         valid &= partners != rows.unsqueeze(1)
-    inf = torch.tensor(float("inf"), dtype=keys.dtype, device=keys.device)
-    rel_keys = torch.where(valid, keys.gather(1, partners.clamp(min=0)), inf)
+    rel_keys = torch.where(valid, keys.gather(1, partners.clamp(min=0)), float("inf"))
     # partners ascend within a row, so a stable sort by key orders them by (key, index)
     rel_keys, perm = torch.sort(rel_keys, dim=1, stable=True)
     valid = valid.gather(1, perm)
+    own = keys.gather(1, rows.unsqueeze(1)) if all_vs_all else None  # the query's own key
+    narrow = torch.float32 if keys.dtype == torch.float64 else keys.dtype
+    ranks, unsure = _counted_ranks(
+        keys.to(narrow), rel_keys.to(narrow), None if own is None else own.to(narrow), valid
+    )
+    if bool(unsure.any()):
+        at = torch.nonzero(unsure).squeeze(1)
+        ranks[at], tied = _counted_ranks(
+            keys[at], rel_keys[at], None if own is None else own[at], valid[at]
+        )
+        if bool(tied.any()):
+            at = at[tied]
+            ranks[at] = _ranks_by_stable_sort(
+                keys[at], rows[at], partners.gather(1, perm)[at], valid[at], all_vs_all
+            )
+    return ranks
+
+
+def _counted_ranks(
+    keys: torch.Tensor, rel_keys: torch.Tensor, own: torch.Tensor | None, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ranks [n, W], rows where an irrelevant item's key equals a relevant one's): rank_t =
+    t + the count of irrelevant keys below the t-th relevant key, from one sort of each row."""
     ordered = _sorted_rows(keys)
     below = torch.searchsorted(ordered, rel_keys, side="left")
     equal = torch.searchsorted(ordered, rel_keys, side="right") - below
     rel_below = torch.searchsorted(rel_keys, rel_keys, side="left")
     rel_equal = torch.searchsorted(rel_keys, rel_keys, side="right") - rel_below
-    if all_vs_all:
-        own = keys.gather(1, rows.unsqueeze(1))  # the query's own key, in all-vs-all mode
+    if own is not None:
         below -= (own < rel_keys).long()
         equal -= (own == rel_keys).long()
     t = torch.arange(1, rel_keys.shape[1] + 1, device=keys.device, dtype=torch.float64)
     ranks = (below - rel_below).to(torch.float64) + t.unsqueeze(0)
-    ranks = torch.where(valid, ranks, torch.tensor(float("inf"), dtype=torch.float64))
-    tied = ((equal > rel_equal) & valid).any(1) | ~torch.isfinite(keys).all(1)
-    if bool(tied.any()):
-        at = torch.nonzero(tied).squeeze(1)
-        ranks[at] = _ranks_by_stable_sort(
-            keys[at], rows[at], partners.gather(1, perm)[at], valid[at], all_vs_all
-        )
-    return ranks
+    ranks = torch.where(valid, ranks, float("inf"))
+    # an infinite key (a scorer's) would be confused with the padding: rank such rows by sort
+    finite = torch.isfinite(ordered[:, 0]) & torch.isfinite(ordered[:, -1])
+    return ranks, ((equal > rel_equal) & valid).any(1) | ~finite
 
 
 def _sorted_rows(keys: torch.Tensor) -> torch.Tensor:
@@ -93,7 +114,7 @@ def _ranks_by_stable_sort(
         ranks -= (place.gather(1, rows.unsqueeze(1)) < at).long()
     # the relevant items, in (key, index) order, are in ascending place order already
     ranks = ranks.to(torch.float64)
-    return torch.where(valid, ranks, torch.tensor(float("inf"), dtype=torch.float64))
+    return torch.where(valid, ranks, float("inf"))
 
 
 def rank_metrics(

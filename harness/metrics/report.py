@@ -263,8 +263,10 @@ def _distance_metrics(
     top_k_names = names - {"map", "lda"}
     if backend == "faiss":
         faiss_pass(split, ks=ks, names=top_k_names, chunk_size=chunk_size, sums=sums)
-    fast = wants_retrieval and backend == "torch" and "map" not in names and scorer is None
-    fast = fast and split.exact_dtype == torch.float64
+    # Top-K only: float32 candidates. With map or lda the float64 keys are computed anyway,
+    # and one sort of them gives every rank.
+    fast = wants_retrieval and backend == "torch" and not names & {"map", "lda"}
+    fast = fast and scorer is None and split.exact_dtype == torch.float64
     if fast:
         fast_topk_pass(split, ks=ks, names=top_k_names, chunk_size=chunk_size, sums=sums)
     exact_retrieval = wants_retrieval and not fast and (backend == "torch" or "map" in names)
