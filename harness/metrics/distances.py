@@ -61,7 +61,7 @@ class PairMoments:
     def add_every(self, block: torch.Tensor) -> None:
         """Distances of some of the chunk's pairs, positive or negative (overwritten)."""
         if self.every.shift is None and block.numel():
-            self.every.shift = float(block.reshape(-1)[0])
+            self.every.shift = float(block.flatten()[0])
         self.every.add(block, self.every.shift or 0.0)
 
     def add_positive(self, positive: torch.Tensor) -> None:
@@ -108,7 +108,8 @@ def add_chunk_pairs(
     all_vs_all: bool,
 ) -> None:
     """Add a chunk's pairs: every (query row, gallery item) pair in query/gallery mode, the
-    unordered pairs i < j in all-vs-all mode (each once, never an item with itself)."""
+    unordered pairs i < j in all-vs-all mode (each once, never an item with itself).
+    ``keys`` is overwritten (by distances, then by shifted sums' scratch)."""
     first, last = int(rows[0]), int(rows[-1]) + 1
     sq = q_sq[rows]
     partners = members[q_ids[rows]]  # same-class gallery items, -1 padded
@@ -118,18 +119,13 @@ def add_chunk_pairs(
     positive = euclidean(keys.gather(1, partners.clamp(min=0)), sq)[keep]
     if moments.every.shift is None:  # once: one negative pair's distance, if the chunk has any
         moments.choose_shifts(_one_negative(keys, rows, sq, q_ids, g_ids, all_vs_all), positive)
-    start = last if all_vs_all else 0
-    for top in range(0, len(rows), _SLICE_ROWS):  # row slices that stay in the cache
-        end = min(top + _SLICE_ROWS, len(rows))
-        moments.add_every(euclidean(keys[top:end, start:], sq[top:end]).reshape(-1))
+    # every pair's distance, in place in the keys (each unordered pair once in all-vs-all)
+    block = keys[:, last:] if all_vs_all else keys
+    moments.add_every(block.add_(sq.unsqueeze(1)).clamp_(min=0).sqrt_())
     if all_vs_all:
-        tri = euclidean(keys[:, first:last], sq)
+        tri = keys[:, first:last].add_(sq.unsqueeze(1)).clamp_(min=0).sqrt_()
         moments.add_every(tri[torch.ones_like(tri, dtype=torch.bool).triu_(1)])
     moments.add_positive(positive)
-
-
-#: Rows per slice of the chunk for the elementwise distance work (about 5 MB of float64).
-_SLICE_ROWS = 32
 
 
 def _one_negative(

@@ -94,22 +94,21 @@ def exact_pass(
         keys = None
         if scorer is None or lda is not None:
             keys = torch.addmm(g_sq.unsqueeze(0), q[rows], g.T, beta=1.0, alpha=-2.0)
-        if lda is not None:
+        if retrieval:
+            ranked = rows[is_active[rows]]
+            if len(ranked):
+                if scorer is not None:
+                    scores = scorer(q_in[ranked], g_in)
+                    check_scores(scores, len(ranked), len(split.g_ids))
+                    rank_keys = -scores.to(device=q.device, dtype=dtype)
+                else:
+                    rank_keys = keys if len(ranked) == len(rows) else keys[is_active[rows]]
+                ranks = relevant_ranks(rank_keys, ranked, members[split.q_ids[ranked]],
+                                       split.all_vs_all)  # fmt: skip
+                rank_metrics(ranks, split.r_counts[ranked], ks, names, depth, sums.add)
+        if lda is not None:  # last: it overwrites the keys
             add_chunk_pairs(lda, keys, rows, q_sq, split.q_ids, split.g_ids, members,
                             all_vs_all=split.all_vs_all)  # fmt: skip
-        if not retrieval:
-            continue
-        ranked = rows[is_active[rows]]
-        if len(ranked) == 0:
-            continue
-        if scorer is not None:
-            scores = scorer(q_in[ranked], g_in)
-            check_scores(scores, len(ranked), len(split.g_ids))
-            rank_keys = -scores.to(device=q.device, dtype=dtype)
-        else:
-            rank_keys = keys if len(ranked) == len(rows) else keys[is_active[rows]]
-        ranks = relevant_ranks(rank_keys, ranked, members[split.q_ids[ranked]], split.all_vs_all)
-        rank_metrics(ranks, split.r_counts[ranked], ks, names, depth, sums.add)
 
 
 def faiss_pass(

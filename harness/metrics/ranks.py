@@ -3,14 +3,16 @@
 Every retrieval metric is a function of where the R relevant items of a query land in its
 ranking (by key ascending, ties to the lower gallery index, the query itself removed in
 all-vs-all mode): recall@K needs the first rank, R-precision and MAP@R the ranks up to R, MAP
-all of them. So each chunk's key rows are sorted once (values only; numpy's vectorised sort on
-the CPU) and each relevant key is located in its sorted row by binary search:
+all of them. So each chunk's key rows are sorted once (values only, as float32; numpy's vectorised sort on
+the CPU; a full sort of the row is cheaper there than binary-searching every item among the R
+relevant keys) and each relevant key is located in its sorted row by binary search:
 
     rank_t = t + #{irrelevant items with a smaller key}
 
-for the t-th relevant item in (key, index) order. This count is exact unless an irrelevant item
-has exactly the key of a relevant one (its place then depends on indices); such rows are ranked
-by a full stable sort instead.
+for the t-th relevant item in (key, index) order. Rounding to float32 is monotone, so the count
+is exact unless an irrelevant item rounds to the float32 of a relevant key: such rows (a few
+percent) are counted again from their float64 keys, and rows where an irrelevant key equals a
+relevant one exactly (its place then depends on indices) are ranked by a full stable sort.
 """
 
 from __future__ import annotations
