@@ -526,11 +526,15 @@ def test_chunk_size_changes_no_number(query_gallery):
     assert top_k == pytest.approx({k: whole[k] for k in top_k}, abs=1e-12, rel=0)
 
 
+@pytest.mark.parametrize("proposer", ["torch", pytest.param("faiss", marks=needs_faiss)])
 @pytest.mark.parametrize("offset", [0.0, 1e4])
-def test_float32_candidates_give_the_exact_top_k(offset, monkeypatch):
-    # The top-K-only pass (float32 candidates, float64 decision) against the full exact pass
-    # (asking for map too forces it), on ties and on a large common offset; SLACK = 0 also
-    # sends rows whose tied candidates overflow the float32 top-k to the float64 fallback.
+def test_float32_candidates_give_the_exact_top_k(offset, proposer, monkeypatch):
+    # The top-K-only pass (float32 candidates from torch or faiss, float64 decision) against
+    # the full exact pass (asking for map too forces it), on ties and on a large common offset;
+    # SLACK = 0 also sends rows whose tied candidates overflow the float32 top-k to the float64
+    # fallback.
+    if proposer == "torch":
+        monkeypatch.setattr("harness.metrics.fast_topk.faiss", None)
     x, y = _tie_heavy(n=200, d=2)
     x = x + np.float32(offset)
     names = ["recall@K", "precision@1", "r_precision", "map@r"]

@@ -11,10 +11,11 @@ do not all fit in the float32 top-k' falls back to the float64 keys of the whole
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from harness.metrics.onepass import Split, Sums, retrieval_depth
-from harness.metrics.topk import relevance, stable_topk, topk_metrics
+from harness.metrics.topk import faiss, relevance, stable_topk, topk_metrics
 
 #: Candidates fetched beyond the m needed, so that most rows' margin fits in one top-k.
 SLACK = 16
@@ -34,11 +35,17 @@ def fast_topk_pass(
     err = _rounding_bound(q64, g64, qc, gc)
     offset = 2 * (q64 @ mu) - mu @ mu  # k32 - k64 in exact arithmetic, per query row
     width = min(need + SLACK, len(split.g_ids))
+    proposals = _faiss_proposals(split, qc, gc, width)
+    if proposals is not None:  # faiss's distances: k32 plus ||q - mu||^2
+        offset = offset + ((q64 - mu) ** 2).sum(1)
     for start in range(0, len(split.active), chunk_size):
         rows = split.active[start : start + chunk_size]
-        k32 = torch.addmm(gc_sq.unsqueeze(0), qc[rows], gc.T, beta=1.0, alpha=-2.0)
-        values, index = torch.topk(k32, width, dim=1, largest=False, sorted=True)
-        del k32
+        if proposals is not None:
+            values, index = (torch.from_numpy(p[start : start + chunk_size]) for p in proposals)
+        else:
+            k32 = torch.addmm(gc_sq.unsqueeze(0), qc[rows], gc.T, beta=1.0, alpha=-2.0)
+            values, index = torch.topk(k32, width, dim=1, largest=False, sorted=True)
+            del k32
         margin = 2 * err[rows].unsqueeze(1)
         order = _exact_order(need, values, index, margin, offset[rows], q64[rows], g64, g_sq64)
         order = order[:, :need]
@@ -81,6 +88,20 @@ def _exact_order(
         keys[at[:, 0], at[:, 1]] = g_sq64[cols] - 2 * dot
     index, perm = torch.sort(index, dim=1)  # by index, then stably by key
     return index.gather(1, torch.sort(keys.gather(1, perm), dim=1, stable=True).indices)
+
+
+def _faiss_proposals(
+    split: Split, qc: torch.Tensor, gc: torch.Tensor, width: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The float32 top-``width`` of every active query by faiss IndexFlatL2 on the centred
+    embeddings (squared distances ascending, indices), or None without faiss or off the CPU.
+    faiss's float32 distances obey the same rounding bound as the torch float32 keys."""
+    if faiss is None or qc.device.type != "cpu":
+        return None
+    index = faiss.IndexFlatL2(gc.shape[1])
+    index.add(np.ascontiguousarray(gc.numpy()))
+    values, found = index.search(np.ascontiguousarray(qc[split.active].numpy()), width)
+    return values, found.astype(np.int64)
 
 
 def _rounding_bound(
