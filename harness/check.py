@@ -37,12 +37,13 @@ from typing import Any
 from scipy import stats
 from tabulate import tabulate
 
+from harness.devices import resolve_device
 from harness.errors import HarnessError
 from harness.fingerprint import describe
 from harness.method import METHODS
 from harness.protocol import Protocol, load_protocol
 from harness.results import REPO_ROOT, RunResult, read_result, result_path, write_json_atomic
-from harness.runner import plan, resolve_device, sweep_pinned
+from harness.runner import plan, sweep_pinned
 
 log = logging.getLogger(__name__)
 

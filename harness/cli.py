@@ -346,8 +346,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
     protocol = load_protocol(args.protocol)
     sizes = parse_batch_sizes(args.batch_sizes, protocol.sampler.images_per_class)
     _load_methods()
+    from harness.devices import resolve_device
     from harness.figures import cost_figure
-    from harness.runner import resolve_device
 
     names = _cost_methods(args, protocol)
     record = measure_cost(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -51,35 +51,38 @@ def evaluate(
     protocol: Protocol,
     device: torch.device,
     seed: int,
+    gallery: tuple[torch.Tensor, np.ndarray] | None = None,
 ) -> Evaluation:
-    """All-vs-all retrieval on one split: metrics, timings, the metrics of each sub-embedding
-    and the histogram of the pair distances.
+    """Score the model on one split: all-vs-all over (images, labels), or, with ``gallery``
+    (images, labels), each query ranking the whole gallery (In-shop's protocol).
 
-    Sub-embeddings (e.g. HDC's single heads) are ranked by Euclidean distance under the same
-    metric definitions; the method's scorer, if any, applies to the full embedding only."""
+    Returns the metrics and timings; all-vs-all also gives the metrics of each sub-embedding
+    (e.g. HDC's single heads, ranked by Euclidean distance under the same definitions; the
+    method's scorer, if any, applies to the full embedding only) and the histogram of the pair
+    distances. Clustering metrics cluster queries and gallery together (see harness.metrics)."""
     start = time.perf_counter()
-    embeddings, parts = embed_parts(
-        backbone, method, images, device, protocol.evaluation.batch_size
-    )
+    batch = protocol.evaluation.batch_size
+    embeddings, parts = embed_parts(backbone, method, images, device, batch)
+    gallery_args: tuple[torch.Tensor, torch.Tensor] | tuple[()] = ()
+    if gallery is not None:
+        gallery_args = (embed(backbone, method, gallery[0], device, batch),
+                        torch.as_tensor(gallery[1]))  # fmt: skip
     embed_seconds = time.perf_counter() - start
-    scorer = ranking_scorer(method, protocol)
-    metrics = compute_metrics(
-        embeddings,
-        torch.as_tensor(labels),
-        recall_ks=tuple(protocol.evaluation.recall_ks),
-        metrics=_expand(protocol),
-        scorer=scorer,
-        seed=seed,
-        device=device,
-    )
     ks, names = tuple(protocol.evaluation.recall_ks), _expand(protocol)
-    by_part = {
-        name: compute_metrics(
-            part, torch.as_tensor(labels), recall_ks=ks, metrics=names, seed=seed, device=device
-        )
-        for name, part in parts.items()
-    }
-    distances = distance_histogram(embeddings, torch.as_tensor(labels))
+    metrics = compute_metrics(
+        embeddings, torch.as_tensor(labels), *gallery_args, recall_ks=ks, metrics=names,
+        scorer=ranking_scorer(method, protocol), seed=seed, device=device,
+    )  # fmt: skip
+    by_part: dict[str, dict[str, float]] = {}
+    distances: dict[str, list[float]] = {}
+    if gallery is None:
+        by_part = {
+            name: compute_metrics(
+                part, torch.as_tensor(labels), recall_ks=ks, metrics=names, seed=seed, device=device
+            )  # fmt: skip
+            for name, part in parts.items()
+        }
+        distances = distance_histogram(embeddings, torch.as_tensor(labels))
     timings = {
         "embed_seconds": round(embed_seconds, 3),
         "eval_seconds": round(time.perf_counter() - start, 3),
@@ -89,10 +92,12 @@ def evaluate(
 
 @dataclass
 class Evaluation:
+    """What one evaluation gives: by_part and distances are empty in query/gallery mode."""
+
     metrics: dict[str, float]
     timings: dict[str, float]
-    by_part: dict[str, dict[str, float]]
-    distances: dict[str, list[float]]
+    by_part: dict[str, dict[str, float]] = field(default_factory=dict)
+    distances: dict[str, list[float]] = field(default_factory=dict)
 
 
 HISTOGRAM_BINS = 50
@@ -156,43 +161,6 @@ def selection_score(
         seed=seed, device=device,
     )  # fmt: skip
     return metrics[name]
-
-
-def evaluate_query_gallery(
-    backbone: Backbone,
-    method: Method,
-    query_images: torch.Tensor,
-    query_labels: np.ndarray,
-    gallery_images: torch.Tensor,
-    gallery_labels: np.ndarray,
-    protocol: Protocol,
-    device: torch.device,
-    seed: int,
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Each query ranks the whole gallery (In-shop's protocol), not all-vs-all: (metrics,
-    timings). Clustering metrics cluster queries and gallery together (see harness.metrics)."""
-    start = time.perf_counter()
-    batch = protocol.evaluation.batch_size
-    query = embed(backbone, method, query_images, device, batch)
-    gallery = embed(backbone, method, gallery_images, device, batch)
-    embed_seconds = time.perf_counter() - start
-    scorer = ranking_scorer(method, protocol)
-    metrics = compute_metrics(
-        query,
-        torch.as_tensor(query_labels),
-        gallery,
-        torch.as_tensor(gallery_labels),
-        recall_ks=tuple(protocol.evaluation.recall_ks),
-        metrics=_expand(protocol),
-        scorer=scorer,
-        seed=seed,
-        device=device,
-    )
-    timings = {
-        "embed_seconds": round(embed_seconds, 3),
-        "eval_seconds": round(time.perf_counter() - start, 3),
-    }
-    return metrics, timings
 
 
 def retrieval_record(method: Method, protocol: Protocol, n_queries: int) -> dict[str, object]:

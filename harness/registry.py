@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from harness.errors import HarnessError
@@ -11,10 +11,15 @@ from harness.errors import HarnessError
 T = TypeVar("T")
 
 
-def closest(name: str, choices: list[str]) -> str:
-    """Return a ' (did you mean X?)' hint for the closest choice, or '' when none is close."""
-    match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+def closest(name: str, choices: Iterable[str], *, ignore_case: bool = False) -> str:
+    """Return a ' (did you mean X?)' hint for the closest choice, or '' when none is close;
+    with ``ignore_case``, 'mAP@R' finds 'map@r' (the hint keeps the choice's own spelling)."""
+    if not ignore_case:
+        match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+        return f" (did you mean {match[0]!r}?)" if match else ""
+    by_lower = {choice.lower(): choice for choice in choices}
+    match = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.5)
+    return f" (did you mean {by_lower[match[0]]!r}?)" if match else ""
 
 
 class Registry(Generic[T]):

@@ -26,8 +26,9 @@ import torch.nn.functional as F
 import harness
 from harness.backbones import weights_record
 from harness.data import DATASETS, LabelledImages, default_cache_dir
+from harness.devices import resolve_device
 from harness.errors import HarnessError
-from harness.evaluate import evaluate, evaluate_query_gallery, retrieval_record, selection_score
+from harness.evaluate import evaluate, retrieval_record, selection_score
 from harness.method import METHODS, MethodSpec
 from harness.model import build_model
 from harness.protocol import Protocol, load_protocol
@@ -105,18 +106,6 @@ def resolve_all(specs: list[RunSpec]) -> list[RunSpec]:
         else resolve(s)
         for s in specs
     ]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise HarnessError(
-            "--device cuda was asked for but no CUDA GPU is visible; use --device cpu"
-        )
-    if name not in ("cpu", "cuda"):
-        raise HarnessError(f"unknown device {name!r}; use auto, cpu or cuda")
-    return torch.device(name)
 
 
 def plan(
@@ -362,18 +351,16 @@ def _execute(
         stopped = _stop(record, path, "failed", str(exc))
         ckpt.unlink(missing_ok=True)
         return stopped
-    if len(split.gallery):  # an official query / gallery split (In-shop)
-        metrics, eval_timings = evaluate_query_gallery(
-            backbone, method, data.images[split.query], data.labels[split.query],
-            data.images[split.gallery], data.labels[split.gallery], protocol, device, spec.seed,
-        )  # fmt: skip
-        by_part = {}
-    else:
-        result = evaluate(backbone, method, data.images[split.test], data.labels[split.test],
-                          protocol, device, spec.seed)  # fmt: skip
-        metrics, eval_timings, by_part = result.metrics, result.timings, result.by_part
+    query = split.query if len(split.gallery) else split.test  # In-shop: official query/gallery
+    gallery = (
+        (data.images[split.gallery], data.labels[split.gallery]) if len(split.gallery) else None
+    )
+    result = evaluate(backbone, method, data.images[query], data.labels[query], protocol, device,
+                      spec.seed, gallery=gallery)  # fmt: skip
+    if result.distances:
         record.distances = result.distances
-    _record_outcome(record, stats, protocol.evaluation.select_by, metrics, by_part, eval_timings)
+    _record_outcome(record, stats, protocol.evaluation.select_by, result.metrics, result.by_part,
+                    result.timings)  # fmt: skip
     record.retrieval = retrieval_record(method, protocol, len(split.test))
     write_result(path, record)
     ckpt.unlink(missing_ok=True)

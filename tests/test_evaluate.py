@@ -1,8 +1,14 @@
-"""Retrieval by a learned similarity: exact scoring and top-N re-ranking."""
+"""Evaluation: retrieval by a learned similarity (exact scoring and top-N re-ranking), the
+distance histogram, and one evaluate() for all-vs-all and query/gallery."""
 
+from types import SimpleNamespace
+
+import numpy as np
 import torch
 
-from harness.evaluate import rerank
+from harness.backbones import Backbone
+from harness.evaluate import Evaluation, distance_histogram, evaluate, rerank
+from harness.method import Embedded, Method
 from harness.metrics import compute_metrics
 
 
@@ -29,3 +35,52 @@ def test_rerank_only_reorders_the_top_candidates():
     assert order == [1, 0, 2, 3]  # candidates {0, 1} swapped by the scorer; 2, 3 stay behind
     exact_order = far_first(gallery[:1], gallery)[0].argsort(descending=True).tolist()
     assert exact_order == [3, 2, 1, 0]
+
+
+def test_distance_histogram_equals_a_direct_count():
+    gen = torch.Generator().manual_seed(2)
+    emb, labels = torch.randn(60, 4, generator=gen), torch.randint(0, 5, (60,), generator=gen)
+    hist = distance_histogram(emb, labels, bins=10)
+    d = torch.cdist(emb, emb)  # one chunk: the same float32 values the function bins
+    i, j = torch.triu_indices(60, 60, offset=1)
+    same = labels[i] == labels[j]
+    top = float(torch.linspace(0.0, float(d.max()) * (1 + 1e-6), 11)[-1])
+    for kind, mask in (("positive", same), ("negative", ~same)):
+        counts, _ = np.histogram(d[i, j][mask].double().numpy(), bins=10, range=(0.0, top))
+        assert hist[kind] == counts.astype(float).tolist()
+    assert sum(hist["positive"]) + sum(hist["negative"]) == 60 * 59 / 2
+    assert len(hist["edges"]) == 11 and hist["edges"][0] == 0.0
+
+
+class _Pooled(torch.nn.Module):
+    """The pooled pixels as the embedding (and half of them as a sub-embedding)."""
+
+    def forward(self, features: list[torch.Tensor]) -> Embedded:
+        return Embedded(embedding=features[-1], extras={"half": features[-1][:, :2]})
+
+
+def test_one_evaluate_for_all_vs_all_and_query_gallery():
+    channels = 4
+    backbone = Backbone([torch.nn.Identity()], [channels], channels, (0.0,) * 4, (1.0,) * 4)
+    method = Method(head=_Pooled(), sub_embeddings=("half",))
+    protocol = SimpleNamespace(evaluation=SimpleNamespace(
+        batch_size=7, recall_ks=(1, 2), metrics=("recall@K", "map", "nmi"), scorer_mode="exact",
+        rerank_top=5))  # fmt: skip
+    gen = torch.Generator().manual_seed(3)
+    images = torch.randint(0, 256, (40, channels, 1, 1), generator=gen, dtype=torch.uint8)
+    labels = np.arange(40) % 5
+    emb = images.float().div(255.0).flatten(1)
+    names = ["recall@1", "recall@2", "map", "nmi"]
+    cpu = torch.device("cpu")
+    whole = evaluate(backbone, method, images, labels, protocol, cpu, 0)
+    assert isinstance(whole, Evaluation)
+    assert whole.metrics == compute_metrics(emb, labels, metrics=names)
+    assert whole.by_part == {"half": compute_metrics(emb[:, :2], labels, metrics=names)}
+    assert set(whole.distances) == {"edges", "positive", "negative"}
+    assert set(whole.timings) == {"embed_seconds", "eval_seconds"}
+    split = evaluate(backbone, method, images[:15], labels[:15], protocol, cpu, 0,
+                     gallery=(images[15:], labels[15:]))  # fmt: skip
+    assert isinstance(split, Evaluation)
+    expected = compute_metrics(emb[:15], labels[:15], emb[15:], labels[15:], metrics=names)
+    assert split.metrics == expected
+    assert (split.by_part, split.distances) == ({}, {})

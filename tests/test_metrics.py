@@ -18,6 +18,9 @@ from harness.metrics import (
     kmeans,
     nmi,
 )
+from harness.metrics import report as metrics_report
+from harness.metrics.ranks import class_members, relevant_ranks
+from harness.metrics.topk import average_precision_sorted, stable_topk
 
 RETRIEVAL = ["recall@K", "precision@1", "r_precision", "map@r", "map"]
 HAS_FAISS = M.faiss is not None
@@ -183,12 +186,13 @@ def test_stable_topk_matches_a_full_stable_sort_with_many_ties():
     keys = torch.randint(0, 4, (50, 40), generator=gen).double()  # heavy ties
     reference = torch.sort(keys, dim=1, stable=True).indices
     for m in (1, 3, 10, 39, 40):
-        assert torch.equal(M._stable_topk(keys, m), reference[:, :m])
+        assert torch.equal(stable_topk(keys, m), reference[:, :m])
 
 
 @pytest.mark.parametrize("high", [3, 1000])
 def test_fast_average_precision_matches_full_sort(high):
     # high=3: integer keys with many relevant/irrelevant ties (fallback rows); 1000: few ties.
+    # Column 1 plays the query itself (all-vs-all): it is in neither set.
     gen = torch.Generator().manual_seed(1)
     keys = torch.randint(0, high, (30, 60), generator=gen).double()
     labels_q = torch.randint(0, 4, (30,), generator=gen)
@@ -198,8 +202,15 @@ def test_fast_average_precision_matches_full_sort(high):
     irrelevant = ~relevant
     irrelevant[:, 1] = False  # an item counted in neither set (like the query itself)
     relevant[:, 1] = False
-    fast = M._average_precision(keys, relevant, irrelevant)
-    slow = M._average_precision_sorted(keys, relevant, irrelevant)
+    width = int(relevant.sum(1).max())
+    partners = torch.full((30, width), -1, dtype=torch.long)
+    for row in range(30):
+        found = torch.nonzero(relevant[row]).squeeze(1)
+        partners[row, : len(found)] = found
+    ranks = relevant_ranks(keys, torch.ones(30, dtype=torch.long), partners, all_vs_all=True)
+    t = torch.arange(1, width + 1, dtype=torch.float64)
+    fast = (t / ranks).sum(1) / relevant.sum(1)
+    slow = average_precision_sorted(keys, relevant, irrelevant)
     assert torch.allclose(fast, slow, rtol=0, atol=1e-12)
 
 
@@ -231,7 +242,7 @@ def test_auto_uses_faiss_only_for_large_galleries_without_map_or_scorer(monkeypa
     x, y = _random_data(n=60)
     top_k = ["recall@K", "precision@1"]
     assert compute_report(x, y, metrics=top_k).knn_backend == "torch"
-    monkeypatch.setattr(M, "FAISS_AUTO_MIN_GALLERY", 50)
+    monkeypatch.setattr(metrics_report, "FAISS_AUTO_MIN_GALLERY", 50)
     assert compute_report(x, y, metrics=top_k).knn_backend == "faiss"
     assert compute_report(x, y, metrics=[*top_k, "map"]).knn_backend == "torch"
     scorer = lambda q, g: q @ g.T  # noqa: E731
@@ -490,3 +501,86 @@ def test_kmeans_input_errors():
         kmeans(np.zeros((3, 2)), 5, 0)
     with pytest.raises(HarnessError, match="did you mean 'torch'"):
         kmeans(np.zeros((3, 2)), 2, 0, backend="troch")
+
+
+# ------------------------------------------------------------------------------------------------
+# The one chunked pass
+# ------------------------------------------------------------------------------------------------
+
+
+def _tie_heavy(n=120, d=3, classes=6, seed=0):
+    """Integer coordinates in {0, 1, 2}: distances tie everywhere, exactly (float64 keys)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 3, size=(n, d)).astype(np.float32), rng.integers(0, classes, size=n)
+
+
+@pytest.mark.parametrize("query_gallery", [False, True])
+def test_chunk_size_changes_no_number(query_gallery):
+    x, y = _tie_heavy()
+    args = (x[:50], y[:50], x[50:], y[50:]) if query_gallery else (x, y)
+    whole = compute_metrics(*args, chunk_size=len(x))
+    small = compute_metrics(*args, chunk_size=7)
+    assert list(small) == list(whole)
+    assert small == pytest.approx(whole, abs=1e-12, rel=0)
+    top_k = compute_metrics(*args, metrics=RETRIEVAL[:4], chunk_size=7)
+    assert top_k == pytest.approx({k: whole[k] for k in top_k}, abs=1e-12, rel=0)
+
+
+@pytest.mark.parametrize("proposer", ["torch", pytest.param("faiss", marks=needs_faiss)])
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_float32_candidates_give_the_exact_top_k(offset, proposer, monkeypatch):
+    # The top-K-only pass (float32 candidates from torch or faiss, float64 decision) against
+    # the full exact pass (asking for map too forces it), on ties and on a large common offset;
+    # SLACK = 0 also sends rows whose tied candidates overflow the float32 top-k to the float64
+    # fallback.
+    if proposer == "torch":
+        monkeypatch.setattr("harness.metrics.fast_topk.faiss", None)
+    x, y = _tie_heavy(n=200, d=2)
+    x = x + np.float32(offset)
+    names = ["recall@K", "precision@1", "r_precision", "map@r"]
+    exact = compute_metrics(x, y, metrics=[*names, "map"], recall_ks=(1, 3, 9))
+    for slack in (16, 0):
+        monkeypatch.setattr("harness.metrics.fast_topk.SLACK", slack)
+        fast = compute_metrics(x, y, metrics=names, recall_ks=(1, 3, 9), chunk_size=13)
+        assert fast == pytest.approx({k: exact[k] for k in fast}, abs=1e-12, rel=0)
+
+
+def test_lda_equals_a_direct_computation():
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(90, 5)), rng.integers(0, 4, size=90)
+    d = np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1))
+    i, j = np.triu_indices(90, k=1)
+    same = y[i] == y[j]
+    pos, neg = d[i, j][same], d[i, j][~same]
+    direct = (neg.mean() - pos.mean()) ** 2 / (pos.var() + neg.var())
+    assert compute_metrics(x, y, metrics=["lda"], chunk_size=11)["lda"] == pytest.approx(
+        direct, rel=1e-12
+    )
+    q, g = x[:30], x[30:]
+    dq = np.sqrt(((q[:, None, :] - g[None, :, :]) ** 2).sum(-1))
+    same = y[:30, None] == y[None, 30:]
+    pos, neg = dq[same], dq[~same]
+    direct = (neg.mean() - pos.mean()) ** 2 / (pos.var() + neg.var())
+    got = compute_metrics(q, y[:30], g, y[30:], metrics=["lda"], chunk_size=4)["lda"]
+    assert got == pytest.approx(direct, rel=1e-12)
+
+
+def test_relevant_ranks_match_a_full_stable_sort_on_ties():
+    # Integer keys 0..2: irrelevant items tie with relevant ones in almost every row, so this
+    # checks both the sorted-count ranks and the stable-sort fallback against a plain reference.
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 3, (40,), generator=gen)
+    keys = torch.randint(0, 3, (40, 40), generator=gen).double()
+    rows = torch.arange(40)
+    partners = class_members(ids, 3)[ids]
+    ranks = relevant_ranks(keys, rows, partners, all_vs_all=True)
+    for row in range(40):
+        order = [j for j in torch.sort(keys[row], stable=True).indices.tolist() if j != row]
+        expected = [p + 1 for p, j in enumerate(order) if ids[j] == ids[row]]
+        got = ranks[row][torch.isfinite(ranks[row])].tolist()
+        assert got == expected
+
+
+def test_class_members_lists_each_class_in_index_order():
+    table = class_members(torch.tensor([2, 0, 2, 1, 2]), 4)
+    assert table.tolist() == [[1, -1, -1], [3, -1, -1], [0, 2, 4], [-1, -1, -1]]
