@@ -91,7 +91,7 @@ def test_leaderboard_errors(tmp_path: Path):
 
 # --- typed results: schema, old files, round trip ---------------------------------------------
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COMMITTED = sorted((REPO / "results").rglob("seed*.json"))
 
 

@@ -1,18 +1,12 @@
+"""The K-per-class batch sampler: P classes x K distinct images per batch, deterministic per seed."""
+
+from __future__ import annotations
+
 import numpy as np
 import pytest
-import torch
 
-from harness.data.base import LabelledImages
 from harness.errors import HarnessError
-from harness.protocol import SplitSpec
 from harness.sampler import PKSampler
-from harness.splits import assert_disjoint, split_classes
-
-
-def dataset(counts: list[int]) -> LabelledImages:
-    labels = np.repeat(np.arange(len(counts)), counts)
-    names = [f"c{i:03d}" for i in range(len(counts))]
-    return LabelledImages(torch.zeros((len(labels), 1, 4, 4), dtype=torch.uint8), labels, names)
 
 
 def test_every_batch_has_p_classes_with_k_distinct_images():
@@ -45,32 +39,3 @@ def test_sampler_rejects_impossible_batches():
         PKSampler(labels, 2, 4, seed=0)
     with pytest.raises(HarnessError, match="needs classes_per_batch=4"):
         PKSampler(labels, 4, 2, seed=0)
-
-
-def test_split_is_class_disjoint_and_sorted():
-    data = dataset([5] * 10)
-    split = split_classes(data, SplitSpec(train_fraction=0.5, validation_fraction=0.2))
-    assert split.train_classes == ["c000", "c001", "c002", "c003"]
-    assert split.validation_classes == ["c004"]
-    assert split.test_classes == ["c005", "c006", "c007", "c008", "c009"]
-    parts = [set(data.labels[i]) for i in (split.train, split.validation, split.test)]
-    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
-    assert len(split.train) + len(split.validation) + len(split.test) == 50
-    other = split_classes(data, SplitSpec(train_fraction=0.6))
-    assert other.hash != split.hash
-
-
-def test_disjointness_check_catches_a_leak():
-    data = dataset([5] * 6)
-    split = split_classes(data, SplitSpec())
-    leaked = type(split)(
-        split.train, split.validation, np.concatenate([split.test, split.train[:1]]),
-        split.train_classes, split.validation_classes, split.test_classes,
-    )  # fmt: skip
-    with pytest.raises(AssertionError, match="is in train and test"):
-        assert_disjoint(leaked, data)
-
-
-def test_too_few_classes_is_a_clear_error():
-    with pytest.raises(HarnessError, match="too few for a split"):
-        split_classes(dataset([5, 5, 5]), SplitSpec())

@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:

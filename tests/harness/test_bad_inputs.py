@@ -1,6 +1,6 @@
 """The bad-input corpus: each case must end in exactly one line `error: ...` that says what is
 wrong (and usually how to fix it), exit status 2, and no traceback. Cases run in-process
-through the CLI's main(); tests/test_cli.py checks a few of them as real processes."""
+through the CLI's main(); tests/harness/test_cli.py checks a few of them as real processes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 
 from harness.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = yaml.safe_load((REPO / "protocols" / "smoke.yaml").read_text())
 PNG_1PX = bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010800000000"

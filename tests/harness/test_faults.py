@@ -17,7 +17,7 @@ from harness.runner import RunSpec, execute
 from methods.contrastive import ContrastiveLoss
 from methods.triplet import SemiHardMiner
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def long_smoke(tmp: Path, budget: str = "budget: {epochs: 6}") -> Path:

@@ -25,7 +25,7 @@ from harness.errors import HarnessError
 from harness.protocol import load_protocol
 from harness.results import MethodInfo, ProtocolInfo, RunResult
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(method: str, seed: int, metrics: dict, version: int = 1, status: str = "ok") -> RunResult:

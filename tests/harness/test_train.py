@@ -17,7 +17,7 @@ from harness.timing import PhaseTimer
 from harness.train import LOSS_READBACK_STEPS, TrainingFailed, train
 
 CPU = torch.device("cpu")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class NanFrom(torch.nn.Module):

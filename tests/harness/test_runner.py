@@ -1,0 +1,66 @@
+"""The runner: unknown methods refused before any run, interrupted runs resume bit-identical,
+the same seed gives the same metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import methods  # noqa: F401
+from harness.errors import HarnessError
+from harness.protocol import load_protocol
+from harness.runner import RunSpec, execute, plan
+
+
+def test_plan_rejects_unknown_methods_before_running():
+    with pytest.raises(HarnessError, match="did you mean 'triplet'"):
+        plan(load_protocol("smoke"), ["tripplet"])
+
+
+def test_interrupted_run_resumes_from_its_checkpoint_with_identical_results(tmp_path: Path):
+    protocol = tmp_path / "three_epochs.yaml"
+    text = (Path(__file__).resolve().parents[2] / "protocols" / "smoke.yaml").read_text()
+    protocol.write_text(text.replace("budget: {steps: 4}", "budget: {epochs: 3}"))
+    whole = RunSpec(
+        protocol=str(protocol), method="triplet", seed=0, results_dir=str(tmp_path / "a")
+    )
+    status, path = execute(whole, progress=False)
+    assert status == "ok"
+    expected = json.loads(path.read_text())
+
+    def crash_after_first_epoch(epoch: int) -> None:
+        if epoch == 1:
+            raise KeyboardInterrupt
+
+    broken = RunSpec(
+        protocol=str(protocol), method="triplet", seed=0, results_dir=str(tmp_path / "b")
+    )
+    with pytest.raises(KeyboardInterrupt):
+        execute(broken, progress=False, on_epoch_end=crash_after_first_epoch)
+    ckpt = tmp_path / "b" / "checkpoints" / "smoke" / "triplet" / "seed0.pt"
+    assert (
+        ckpt.exists()
+        and not (tmp_path / "b" / "runs" / "smoke" / "triplet" / "seed0.json").exists()
+    )
+    status, path = execute(broken, progress=False)
+    resumed = json.loads(path.read_text())
+    assert status == "ok" and not ckpt.exists()
+    assert resumed["training"]["resumed_from_step"] == expected["training"]["steps"] // 3
+    assert resumed["metrics"] == expected["metrics"]
+    assert resumed["training"]["epoch_loss"] == expected["training"]["epoch_loss"]
+
+
+def test_same_seed_gives_identical_metrics(tmp_path: Path):
+    runs = [
+        execute(
+            RunSpec(protocol="smoke", method="contrastive", seed=3, results_dir=str(tmp_path / d)),
+            progress=False,
+        )  # fmt: skip
+        for d in ("a", "b")
+    ]
+    a, b = (json.loads(path.read_text()) for _, path in runs)
+    assert (
+        a["metrics"] == b["metrics"] and a["training"]["epoch_loss"] == b["training"]["epoch_loss"]
+    )

@@ -1,0 +1,47 @@
+"""Class-disjoint splits: sorted, disjoint, and a clear error when there are too few classes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from harness.data.base import LabelledImages
+from harness.errors import HarnessError
+from harness.protocol import SplitSpec
+from harness.splits import assert_disjoint, split_classes
+
+
+def dataset(counts: list[int]) -> LabelledImages:
+    labels = np.repeat(np.arange(len(counts)), counts)
+    names = [f"c{i:03d}" for i in range(len(counts))]
+    return LabelledImages(torch.zeros((len(labels), 1, 4, 4), dtype=torch.uint8), labels, names)
+
+
+def test_split_is_class_disjoint_and_sorted():
+    data = dataset([5] * 10)
+    split = split_classes(data, SplitSpec(train_fraction=0.5, validation_fraction=0.2))
+    assert split.train_classes == ["c000", "c001", "c002", "c003"]
+    assert split.validation_classes == ["c004"]
+    assert split.test_classes == ["c005", "c006", "c007", "c008", "c009"]
+    parts = [set(data.labels[i]) for i in (split.train, split.validation, split.test)]
+    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+    assert len(split.train) + len(split.validation) + len(split.test) == 50
+    other = split_classes(data, SplitSpec(train_fraction=0.6))
+    assert other.hash != split.hash
+
+
+def test_disjointness_check_catches_a_leak():
+    data = dataset([5] * 6)
+    split = split_classes(data, SplitSpec())
+    leaked = type(split)(
+        split.train, split.validation, np.concatenate([split.test, split.train[:1]]),
+        split.train_classes, split.validation_classes, split.test_classes,
+    )  # fmt: skip
+    with pytest.raises(AssertionError, match="is in train and test"):
+        assert_disjoint(leaked, data)
+
+
+def test_too_few_classes_is_a_clear_error():
+    with pytest.raises(HarnessError, match="too few for a split"):
+        split_classes(dataset([5, 5, 5]), SplitSpec())

@@ -1,0 +1,28 @@
+"""Contrastive loss (Hadsell et al. 2006; Eq. 1 of Song et al. 2016) on hand-worked batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import methods  # noqa: F401
+from harness.method import Batch, Embedded, Pairs, all_pairs
+from methods.contrastive import ContrastiveLoss
+
+
+def test_contrastive_matches_eq1_by_hand():
+    # pairs: (0,1) positive, D = 5 -> 25; (0,2) negative, D = 1 -> [2 - 1]^2 = 1;
+    # (1,2) negative, D = sqrt(9 + 9) > 2 -> 0.  J = (25 + 1 + 0) / (2 * 3) = 26 / 6
+    emb = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])
+    labels = torch.tensor([0, 0, 1])
+    pairs = all_pairs(labels)
+    assert pairs.evaluated == 3 and pairs.positive.tolist() == [True, False, False]
+    loss = ContrastiveLoss(margin=2.0)(Embedded(emb), Batch(labels), pairs)
+    assert loss.item() == pytest.approx(26 / 6)
+
+
+def test_contrastive_all_pairs_is_quadratic_in_batch_size():
+    for m in (8, 16, 32):
+        pairs = all_pairs(torch.arange(m) // 4)
+        assert pairs.count() == m * (m - 1) // 2
+        assert isinstance(pairs, Pairs)
