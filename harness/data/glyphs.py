@@ -430,6 +430,48 @@ def _load_cache(path: Path) -> dict[str, np.ndarray] | None:
 
 
 @register_dataset("glyphs")
+def _render_arrays(
+    path: Path,
+    cache_dir: Path,
+    num_classes: int,
+    images_per_class: int,
+    image_size: int,
+    min_fonts: int,
+    seed: int,
+) -> dict[str, np.ndarray]:
+    """Render the chosen classes and write them to the cache file `path`."""
+    start = time.perf_counter()
+    fonts_of = eligible_code_points(min_fonts, cache_dir)
+    if num_classes > len(fonts_of):
+        raise HarnessError(
+            f"glyphs: num_classes={num_classes} but only {len(fonts_of)} code points are "
+            f"drawn by >= {min_fonts} fonts; lower num_classes (or min_fonts)"
+        )
+    classes = choose_classes(sorted(fonts_of), num_classes, seed)
+    log.info(
+        "glyphs: rendering %d classes x %d images at %d px",
+        num_classes,
+        images_per_class,
+        image_size,
+    )
+    images = render_classes(classes, fonts_of, images_per_class, image_size, seed)
+    blocks = [block_of(cp) for cp in classes]
+    if None in blocks:
+        missing = [class_name(cp) for cp, b in zip(classes, blocks, strict=True) if b is None]
+        raise RuntimeError(f"glyphs: no Unicode block for {missing[:3]}; extend BLOCKS")
+    coarse_names = sorted(set(blocks), key=block_start)
+    arrays = {
+        "images": images,
+        "code_points": np.asarray(classes, np.int64),
+        "class_names": np.asarray([class_name(cp) for cp in classes]),
+        "coarse_names": np.asarray(coarse_names),
+        "class_coarse": np.asarray([coarse_names.index(b) for b in blocks], np.int64),
+    }
+    _atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
+    log.info("glyphs: built %s in %.1f s", path, time.perf_counter() - start)
+    return arrays
+
+
 def build(
     data_root: Path | None,
     cache_dir: Path,
@@ -464,35 +506,8 @@ def build(
     if arrays is not None:
         log.info("glyphs: loaded %s", path)
     else:
-        start = time.perf_counter()
-        fonts_of = eligible_code_points(min_fonts, cache_dir)
-        if num_classes > len(fonts_of):
-            raise HarnessError(
-                f"glyphs: num_classes={num_classes} but only {len(fonts_of)} code points are "
-                f"drawn by >= {min_fonts} fonts; lower num_classes (or min_fonts)"
-            )
-        classes = choose_classes(sorted(fonts_of), num_classes, seed)
-        log.info(
-            "glyphs: rendering %d classes x %d images at %d px",
-            num_classes,
-            images_per_class,
-            image_size,
-        )
-        images = render_classes(classes, fonts_of, images_per_class, image_size, seed)
-        blocks = [block_of(cp) for cp in classes]
-        if None in blocks:
-            missing = [class_name(cp) for cp, b in zip(classes, blocks, strict=True) if b is None]
-            raise RuntimeError(f"glyphs: no Unicode block for {missing[:3]}; extend BLOCKS")
-        coarse_names = sorted(set(blocks), key=block_start)
-        arrays = {
-            "images": images,
-            "code_points": np.asarray(classes, np.int64),
-            "class_names": np.asarray([class_name(cp) for cp in classes]),
-            "coarse_names": np.asarray(coarse_names),
-            "class_coarse": np.asarray([coarse_names.index(b) for b in blocks], np.int64),
-        }
-        _atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
-        log.info("glyphs: built %s in %.1f s", path, time.perf_counter() - start)
+        arrays = _render_arrays(path, cache_dir, num_classes, images_per_class, image_size,
+                                min_fonts, seed)  # fmt: skip
 
     images = arrays["images"]
     n_classes = len(arrays["code_points"])

@@ -220,43 +220,9 @@ def build(
 ) -> LabelledImages:
     """Omniglot from the official archives under data_root; see the module docstring."""
     names = _archive_names(archives)
-    if (
-        isinstance(image_size, bool)
-        or not isinstance(image_size, int)
-        or not 8 <= image_size <= 512
-    ):
-        raise HarnessError(
-            f"omniglot: image_size must be an integer from 8 to 512, got {image_size!r}"
-        )
-    if not isinstance(download, bool):
-        raise HarnessError(f"omniglot: download must be true or false, got {download!r}")
+    _check_options(image_size, download)
     cache_dir = Path(cache_dir)
-    if data_root is None:
-        if not download:
-            raise HarnessError(
-                f"omniglot needs --data-root DIR holding {names[0]}.zip (or set download: true "
-                "to fetch it from the official repository)"
-            )
-        root = cache_dir / "omniglot"
-    else:
-        root = Path(data_root)
-        if not root.is_dir():
-            raise HarnessError(
-                f"omniglot: --data-root {root} is not a directory; point it at the folder "
-                f"holding {names[0]}.zip"
-            )
-
-    sources = {}
-    for name in names:
-        source = _find_archive(root, name)
-        if source is None:
-            if not download:
-                raise HarnessError(
-                    f"omniglot: {name}.zip not found in {root} (no {name}.zip and no {name}/ "
-                    "folder); put the official archive there or set download: true"
-                )
-            source = download_archive(root, name)
-        sources[name] = source
+    sources = _find_sources(data_root, cache_dir, names, download)
 
     key_payload = {
         "version": OMNIGLOT_VERSION,
@@ -292,6 +258,51 @@ def build(
             f"{image_size}px, cache {cache_path}"
         ),
     )
+
+
+def _check_options(image_size: object, download: object) -> None:
+    if (
+        isinstance(image_size, bool)
+        or not isinstance(image_size, int)
+        or not 8 <= image_size <= 512
+    ):
+        raise HarnessError(
+            f"omniglot: image_size must be an integer from 8 to 512, got {image_size!r}"
+        )
+    if not isinstance(download, bool):
+        raise HarnessError(f"omniglot: download must be true or false, got {download!r}")
+
+
+def _find_sources(
+    data_root: Path | None, cache_dir: Path, names: list[str], download: bool
+) -> dict[str, Path]:
+    """Each archive's zip or folder under data_root (downloaded into the cache when allowed)."""
+    if data_root is None:
+        if not download:
+            raise HarnessError(
+                f"omniglot needs --data-root DIR holding {names[0]}.zip (or set download: true "
+                "to fetch it from the official repository)"
+            )
+        root = cache_dir / "omniglot"
+    else:
+        root = Path(data_root)
+        if not root.is_dir():
+            raise HarnessError(
+                f"omniglot: --data-root {root} is not a directory; point it at the folder "
+                f"holding {names[0]}.zip"
+            )
+    sources = {}
+    for name in names:
+        source = _find_archive(root, name)
+        if source is None:
+            if not download:
+                raise HarnessError(
+                    f"omniglot: {name}.zip not found in {root} (no {name}.zip and no {name}/ "
+                    "folder); put the official archive there or set download: true"
+                )
+            source = download_archive(root, name)
+        sources[name] = source
+    return sources
 
 
 def _build_arrays(sources: dict[str, Path], image_size: int) -> dict[str, np.ndarray]:
