@@ -429,7 +429,6 @@ def _load_cache(path: Path) -> dict[str, np.ndarray] | None:
         return None
 
 
-@register_dataset("glyphs")
 def _render_arrays(
     path: Path,
     cache_dir: Path,
@@ -472,6 +471,7 @@ def _render_arrays(
     return arrays
 
 
+@register_dataset("glyphs")
 def build(
     data_root: Path | None,
     cache_dir: Path,
