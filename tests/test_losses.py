@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from harness.losses import global_loss
+from methods._pair_losses import global_loss
 
 
 def test_global_loss_by_hand() -> None:
