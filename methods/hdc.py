@@ -148,7 +148,7 @@ def _stages(ctx: MethodContext, stages: list[int]) -> list[int]:
     return resolved
 
 
-@register_method("hdc_contrastive", version=1, paper="hdc_iccv2017")
+@register_method("hdc_contrastive", version=2, paper="hdc_iccv2017")
 def build(
     ctx: MethodContext,
     *,
@@ -174,7 +174,7 @@ def build(
     )
 
 
-@register_method("hdc_contrastive_independent", version=1, paper="hdc_iccv2017")
+@register_method("hdc_contrastive_independent", version=2, paper="hdc_iccv2017")
 def build_independent(
     ctx: MethodContext,
     *,
