@@ -94,21 +94,6 @@ class Pairs(Mined):
 
 
 @dataclass
-class CascadePairs(Mined):
-    """One set of pairs per cascade head (HDC): `heads[k]` are the pairs head k+1 trains on.
-    count() and indices() cover every head's pairs together (a pair trained by two heads
-    counts twice); `evaluated` counts the pair losses the miner computed to rank them."""
-
-    heads: tuple[Pairs, ...]
-
-    def indices(self) -> tuple[torch.Tensor, ...]:
-        empty = torch.zeros(0, dtype=torch.long)
-        first = [p.first for p in self.heads] or [empty]
-        second = [p.second for p in self.heads] or [empty]
-        return torch.cat(first), torch.cat(second)
-
-
-@dataclass
 class Triplets(Mined):
     anchor: torch.Tensor
     positive: torch.Tensor
@@ -142,7 +127,7 @@ class Method:
     loss: nn.Module | None = None
     miner: Miner | None = None
     scorer: Scorer | None = None
-    # Extras of the head's Embedded that evaluation also scores alone (HDC's single heads);
+    # Extras of the head's Embedded that evaluation also scores alone (a cascade's heads);
     # the result records them under metrics_by_part, ranked by Euclidean distance.
     sub_embeddings: tuple[str, ...] = ()
 

@@ -19,7 +19,8 @@ cascade=False is the authors' Caffe code: each head ranks all pairs by its own l
 on its top h_k (100 %, 50 %, 20 %). pytorch-metric-learning's HDCMiner (each head ranks, by
 its own distances, the pairs the previous head kept) is a third reading, not implemented.
 
-L_k = sum over its pairs / (2 x their number), as `contrastive` (Eq. 1 of Song et al.). The
+L_k = sum over its pairs / (2 x their number), as `contrastive` (Eq. 1 of Song et al.), D read
+from head k's m x m distance matrix (once per head and step, in the miner and in the loss). The
 retrieval embedding concatenates the heads: 3 x head_dim, larger than the other methods'
 embedding_dim (the paper: 3 x 128 = 384). Evaluation also scores each head alone (HDC-1/2/3).
 """
@@ -27,23 +28,39 @@ embedding_dim (the paper: 3 x 128 = 384). Evaluation also scores each head alone
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from harness.errors import HarnessError
-from harness.losses import contrastive_pair_loss
 from harness.method import (
     Batch,
-    CascadePairs,
     Embedded,
     Method,
     MethodContext,
+    Mined,
     Pairs,
     all_pairs,
     register_method,
 )
+from methods._pair_losses import contrastive_pair_loss, distance_matrix
+
+
+@dataclass
+class CascadePairs(Mined):
+    """One set of pairs per cascade head: `heads[k]` are the pairs head k+1 trains on.
+    count() and indices() cover every head's pairs together (a pair trained by two heads
+    counts twice); `evaluated` counts the pair losses the miner computed to rank them."""
+
+    heads: tuple[Pairs, ...]
+
+    def indices(self) -> tuple[torch.Tensor, ...]:
+        empty = torch.zeros(0, dtype=torch.long)
+        first = [p.first for p in self.heads] or [empty]
+        second = [p.second for p in self.heads] or [empty]
+        return torch.cat(first), torch.cat(second)
 
 
 class CascadeHead(nn.Module):
@@ -90,9 +107,9 @@ class CascadeMiner:
             if ratio >= 1:
                 heads.append(pool)
                 continue
-            emb = out.extras[f"head{judge}"]
+            dist = distance_matrix(out.extras[f"head{judge}"], exact_zero=True)
             losses = contrastive_pair_loss(
-                emb, pool.first, pool.second, pool.positive, margin=self.margin
+                dist, pool.first, pool.second, pool.positive, margin=self.margin
             )
             evaluated += len(losses)
             heads.append(
@@ -111,10 +128,10 @@ class CascadeLoss(nn.Module):
         for k, (pairs, weight) in enumerate(zip(mined.heads, self.weights, strict=True), 1):
             if pairs.count() == 0:
                 continue
+            dist = distance_matrix(out.extras[f"head{k}"], exact_zero=True)  # head k's D
             per_pair = contrastive_pair_loss(
-                out.extras[f"head{k}"], pairs.first, pairs.second, pairs.positive,
-                margin=self.margin,
-            )  # fmt: skip
+                dist, pairs.first, pairs.second, pairs.positive, margin=self.margin
+            )
             total = total + weight * per_pair.sum() / (2 * len(per_pair))  # lambda_k L_k
         return total
 
@@ -131,7 +148,7 @@ def _stages(ctx: MethodContext, stages: list[int]) -> list[int]:
     return resolved
 
 
-@register_method("hdc_contrastive", version=1, paper="hdc_iccv2017")
+@register_method("hdc_contrastive", version=2, paper="hdc_iccv2017")
 def build(
     ctx: MethodContext,
     *,
@@ -157,7 +174,7 @@ def build(
     )
 
 
-@register_method("hdc_contrastive_independent", version=1, paper="hdc_iccv2017")
+@register_method("hdc_contrastive_independent", version=2, paper="hdc_iccv2017")
 def build_independent(
     ctx: MethodContext,
     *,

@@ -23,6 +23,8 @@ Readings and differences:
   S~ (monotone), so `evaluated` = m(K-1)/2 + 2nm, O(m): the paper's claim. The loss rescores
   the whole graph with grad and dropout, because S~ needs the graph's min and max: m(m-1)/2
   scores per step, O(m^2), counted in the loss time, not in `evaluated`.
+- D (in E_e, and S = -D in quadruplet_euclidean's graph) is read from the batch's m x m
+  distance matrix, made once per step in the loss (methods/_pair_losses.py).
 - quadruplets_per_batch (default 1 = the paper): the n lowest-scored positive pairs, each with
   its hardest negatives; the losses average over them (for n = 1, the paper's single term).
 - gamma ||W||^2 (5e-4) is weight decay, which the protocol's optimizer owns.
@@ -53,8 +55,9 @@ from harness.method import (
     Scorer,
     register_method,
 )
+from methods._pair_losses import distance_matrix, pair_values
 
-EmbeddingLoss = Callable[[torch.Tensor, Quadruplets], torch.Tensor]
+EmbeddingLoss = Callable[[torch.Tensor, Quadruplets], torch.Tensor]  # (D matrix, quadruplets)
 PairScore = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -124,22 +127,28 @@ def metric_loss(graph: torch.Tensor, q: Quadruplets, alpha: float) -> torch.Tens
     return (hinge + (alpha + graph[q.j, q.l] - s_ij).clamp(min=0)).mean()
 
 
-def _dist(emb: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (emb[a] - emb[b]).pow(2).sum(-1).clamp(min=1e-12).sqrt()
+def double_header_loss(dist: torch.Tensor, q: Quadruplets, beta: float) -> torch.Tensor:
+    """E_e (Eq. 4): [beta + D_ij - D_ik]_+ + [beta + D_ij - D_jl]_+, averaged; D read from
+    the batch's distance matrix `dist`."""
+    d_ij = pair_values(dist, q.i, q.j)
+    hinge = (beta + d_ij - pair_values(dist, q.i, q.k)).clamp(min=0)
+    return (hinge + (beta + d_ij - pair_values(dist, q.j, q.l)).clamp(min=0)).mean()
 
 
-def double_header_loss(emb: torch.Tensor, q: Quadruplets, beta: float) -> torch.Tensor:
-    """E_e (Eq. 4): [beta + D_ij - D_ik]_+ + [beta + D_ij - D_jl]_+, averaged."""
-    d_ij = _dist(emb, q.i, q.j)
-    hinge = (beta + d_ij - _dist(emb, q.i, q.k)).clamp(min=0)
-    return (hinge + (beta + d_ij - _dist(emb, q.j, q.l)).clamp(min=0)).mean()
-
-
-def triplet_pair_loss(emb: torch.Tensor, q: Quadruplets, margin: float) -> torch.Tensor:
+def triplet_pair_loss(dist: torch.Tensor, q: Quadruplets, margin: float) -> torch.Tensor:
     """Triplets (i, j, k) and (j, i, l): [margin + D_ap^2 - D_an^2]_+ summed, averaged."""
-    d_ij = _dist(emb, q.i, q.j).pow(2)
-    hinge = (margin + d_ij - _dist(emb, q.i, q.k).pow(2)).clamp(min=0)
-    return (hinge + (margin + d_ij - _dist(emb, q.j, q.l).pow(2)).clamp(min=0)).mean()
+    d_ij = pair_values(dist, q.i, q.j).pow(2)
+    hinge = (margin + d_ij - pair_values(dist, q.i, q.k).pow(2)).clamp(min=0)
+    return (hinge + (margin + d_ij - pair_values(dist, q.j, q.l).pow(2)).clamp(min=0)).mean()
+
+
+def scaled_distance_graph(dist: torch.Tensor) -> torch.Tensor:
+    """scaled_graph of S = -D from the distance matrix itself: (max D - D) / (max D - min D),
+    min and max over i != j as constants; the diagonal is 0, never used."""
+    eye = torch.eye(len(dist), dtype=torch.bool, device=dist.device)
+    off_diagonal = dist.detach().masked_fill(eye, float("inf"))
+    lo, hi = -dist.detach().max(), -off_diagonal.min()  # the diagonal is the smallest D
+    return ((-dist - lo) / (hi - lo).clamp(min=1e-12)).masked_fill(eye, 0.0)
 
 
 class QuadrupletLoss(nn.Module):
@@ -162,7 +171,11 @@ class QuadrupletLoss(nn.Module):
             return lambda a, b: -(unit_emb[a] - unit_emb[b]).pow(2).sum(-1).clamp(min=1e-12).sqrt()
         return lambda a, b: self.unit(emb[a], emb[b], dropout=dropout)
 
-    def graph(self, emb: torch.Tensor, dropout: bool) -> torch.Tensor:
+    def graph(self, emb: torch.Tensor, dist: torch.Tensor, dropout: bool) -> torch.Tensor:
+        """The scaled similarity graph: S = -D read from `dist` without a unit, else the
+        unit's score of every pair i < j."""
+        if self.unit is None:
+            return scaled_distance_graph(dist)
         m = len(emb)
         first, second = torch.triu_indices(m, m, offset=1, device=emb.device)
         return scaled_graph(self.pair_score(emb, dropout)(first, second), m)
@@ -171,8 +184,9 @@ class QuadrupletLoss(nn.Module):
         emb = F.normalize(out.embedding, dim=1)
         if q.count() == 0:
             return emb.sum() * 0.0
-        e_m = metric_loss(self.graph(emb, dropout=self.training), q, self.alpha)  # Eq. 3
-        return e_m + self.lam * self.embedding_loss(emb, q)  # Eq. 4: E_m + lambda E_e
+        dist = distance_matrix(emb)  # D, m x m, once per step
+        e_m = metric_loss(self.graph(emb, dist, dropout=self.training), q, self.alpha)  # Eq. 3
+        return e_m + self.lam * self.embedding_loss(dist, q)  # Eq. 4: E_m + lambda E_e
 
 
 class QuadrupletMiner:
@@ -221,10 +235,10 @@ def _pddm(
 
 
 def _e_e(beta: float) -> EmbeddingLoss:
-    return lambda emb, q: double_header_loss(emb, q, beta)
+    return lambda dist, q: double_header_loss(dist, q, beta)
 
 
-@register_method("pddm_quadruplet", version=2, paper="pddm_nips2016")
+@register_method("pddm_quadruplet", version=3, paper="pddm_nips2016")
 def build_quadruplet(
     ctx: MethodContext,
     *,
@@ -238,7 +252,7 @@ def build_quadruplet(
     return _pddm(ctx, alpha, lam, dropout, quadruplets_per_batch, _e_e(beta))
 
 
-@register_method("pddm_score", version=2, paper="pddm_nips2016")
+@register_method("pddm_score", version=3, paper="pddm_nips2016")
 def build_score(
     ctx: MethodContext,
     *,
@@ -252,7 +266,7 @@ def build_score(
     return _pddm(ctx, alpha, lam, dropout, quadruplets_per_batch, _e_e(beta), by_score=True)
 
 
-@register_method("lmdm_score", version=2, paper="pddm_nips2016")
+@register_method("lmdm_score", version=3, paper="pddm_nips2016")
 def build_lmdm(
     ctx: MethodContext,
     *,
@@ -268,7 +282,7 @@ def build_lmdm(
     )
 
 
-@register_method("pddm_triplet", version=2, paper="pddm_nips2016")
+@register_method("pddm_triplet", version=3, paper="pddm_nips2016")
 def build_triplet(
     ctx: MethodContext,
     *,
@@ -280,13 +294,13 @@ def build_triplet(
 ) -> Method:
     """PDDM+Triplet: PDDM-mined quadruplets, E_m + lambda x triplet loss on (i, j, k), (j, i, l)."""
 
-    def e_t(emb: torch.Tensor, q: Quadruplets) -> torch.Tensor:
-        return triplet_pair_loss(emb, q, triplet_margin)
+    def e_t(dist: torch.Tensor, q: Quadruplets) -> torch.Tensor:
+        return triplet_pair_loss(dist, q, triplet_margin)
 
     return _pddm(ctx, alpha, lam, dropout, quadruplets_per_batch, e_t)
 
 
-@register_method("quadruplet_euclidean", version=2, paper="pddm_nips2016")
+@register_method("quadruplet_euclidean", version=3, paper="pddm_nips2016")
 def build_euclidean(
     ctx: MethodContext,
     *,

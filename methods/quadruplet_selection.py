@@ -7,7 +7,7 @@ embedding (Sec. 3.1); D is the Euclidean distance on the L2-normalised embedding
   + mean over quadruplets [D(r,p+) + m1 - D(r,p-)]_+ + [D(r,p-) + m2 - D(r,n)]_+      (Eq. 5)
   + global(D(r,p+), D(r,p-); t1) + global(D(r,p-), D(r,n); t2)                        (Eq. 3)
 with global(d+, d-; t) = var(d+) + var(d-) + lambda [mean(d+) - mean(d-) + t]_+
-(Kumar B G et al., harness.losses.global_loss). Selection (Sec. 3.3): n is r's closest sample
+(Kumar B G et al., methods/_pair_losses.py). Selection (Sec. 3.3): n is r's closest sample
 of another coarse class; r is every sample of the batch that has a p+, a p- and an n there.
 - quadruplet_random (ref. [9]): p+, p-, n uniform at random under the constraints.
 - quadruplet_method1 (3.3.1): p+ (p-) the closest sample of its class set with D > D(r,n).
@@ -45,7 +45,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.errors import HarnessError
-from harness.losses import global_loss
 from harness.method import (
     Batch,
     Embedded,
@@ -55,6 +54,7 @@ from harness.method import (
     Quadruplets,
     register_method,
 )
+from methods._pair_losses import distance_matrix, global_loss, pair_values
 
 
 class HierarchicalHead(nn.Module):
@@ -148,8 +148,8 @@ class QuadrupletSelectionLoss(nn.Module):
         loss = loss + w_coarse * F.cross_entropy(out.extras["coarse_logits"], coarse)
         if q.count() == 0:
             return loss
-        emb = out.embedding
-        d_pos, d_pos_neg, d_neg = ((emb[q.i] - emb[x]).norm(dim=1) for x in (q.j, q.k, q.l))
+        dist = distance_matrix(out.embedding, exact_zero=True)  # D, m x m, once per step
+        d_pos, d_pos_neg, d_neg = (pair_values(dist, q.i, x) for x in (q.j, q.k, q.l))
         hinge = (d_pos + m1 - d_pos_neg).clamp(min=0) + (d_pos_neg + m2 - d_neg).clamp(min=0)
         glob = global_loss(d_pos, d_pos_neg, margin=t1, mean_weight=self.mean_weight)  # Eq. 3
         glob = glob + global_loss(d_pos_neg, d_neg, margin=t2, mean_weight=self.mean_weight)
@@ -192,7 +192,7 @@ def _register(name: str, miner: Miner, summary: str) -> None:
         return _build(ctx, miner, weights, margins, mean_weight)
 
     build.__doc__ = summary
-    register_method(name, version=1, paper="quadruplet_selection_icip2019",
+    register_method(name, version=2, paper="quadruplet_selection_icip2019",
                     needs_coarse_labels=True)(build)  # fmt: skip
 
 

@@ -7,7 +7,8 @@ Over the triplets (a, p, n) of the batch, on L2-normalised embeddings:
 with d+ = D_ap^2 / 4 and d- = D_an^2 / 4 of the same triplets (in [0, 1] on the unit sphere),
 t = 0.4, lambda = 1: the global term separates the means of the two distance distributions and
 shrinks their variances, over the whole batch rather than triplet by triplet. The global term
-is harness.losses.global_loss, shared with the quadruplet methods.
+is methods/_pair_losses.py's global_loss, shared with the quadruplet methods. Every distance
+is read from the batch's m x m matrix of D^2.
 
 Mining: every triplet of the batch, no selection. The paper samples its triplets at random and
 the global term is about the distributions of all distances; a semi-hard selection would hand
@@ -26,7 +27,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.losses import global_loss
 from harness.method import (
     Batch,
     Embedded,
@@ -35,6 +35,13 @@ from harness.method import (
     MethodContext,
     Triplets,
     register_method,
+)
+from methods._pair_losses import (
+    counted_moments,
+    flat_index,
+    global_loss,
+    pair_counts,
+    squared_distance_matrix,
 )
 
 
@@ -61,19 +68,28 @@ class TripletGlobalLoss(nn.Module):
         emb = out.embedding
         if triplets.count() == 0:
             return emb.sum() * 0.0
-        squared = (emb[:, None] - emb[None]).pow(2).sum(-1)  # D^2, dense m x m
-        d_ap, d_an = (
-            squared[triplets.anchor, triplets.positive],
-            squared[triplets.anchor, triplets.negative],
-        )
+        squared = squared_distance_matrix(emb)  # D^2, m x m, once per step
+        m = len(emb)
+        ap = flat_index(m, triplets.anchor, triplets.positive)  # (a, p) in the flat matrix
+        an = flat_index(m, triplets.anchor, triplets.negative)
+        flat = squared.flatten()
+        d_ap, d_an = flat.index_select(0, ap), flat.index_select(0, an)
         triplet_term = (d_ap - d_an + self.margin).clamp(min=0).mean()  # L_t
-        global_term = global_loss(  # L_g on D^2 / 4
-            d_ap / 4, d_an / 4, margin=self.global_margin, mean_weight=self.mean_weight
+        # L_g on D^2 / 4 of the triplets' pairs: moments read off the matrix with each pair's
+        # count of triplets (O(m^2)), not reduced over the m(K-1)(m-K) gathered values
+        with torch.no_grad():
+            pos_counts, neg_counts = pair_counts(m, ap), pair_counts(m, an)
+        quarter = squared / 4
+        global_term = global_loss(
+            counted_moments(quarter, pos_counts, len(ap)),
+            counted_moments(quarter, neg_counts, len(an)),
+            margin=self.global_margin,
+            mean_weight=self.mean_weight,
         )
         return triplet_term + global_term  # L_t + L_g
 
 
-@register_method("triplet_global", version=1, paper="global_loss_cvpr2016")
+@register_method("triplet_global", version=2, paper="global_loss_cvpr2016")
 def build(
     ctx: MethodContext,
     *,

@@ -231,7 +231,7 @@ def test_triplet_global_by_hand():
 def test_triplet_global_moments_are_those_of_all_pairs_in_a_pk_batch():
     # P x K = 3 x 3: every ordered positive pair is in m - K = 6 triplets, every ordered
     # negative pair in K - 1 = 2, so the global term equals global_loss over the pairs themselves
-    from harness.losses import global_loss
+    from methods._pair_losses import global_loss
 
     torch.manual_seed(2)
     emb = torch.nn.functional.normalize(torch.randn(9, 4, dtype=torch.float64), dim=1)

@@ -12,10 +12,10 @@ import torch
 import methods  # noqa: F401
 from harness.errors import HarnessError
 from harness.leaderboard import render
-from harness.method import METHODS, Batch, CascadePairs, Embedded, MethodContext, Pairs
+from harness.method import METHODS, Batch, Embedded, MethodContext, Pairs
 from harness.metrics import _lda, compute_metrics, lda_score
 from harness.runner import RunSpec, execute
-from methods.hdc import CascadeLoss, CascadeMiner, hardest
+from methods.hdc import CascadeLoss, CascadeMiner, CascadePairs, hardest
 
 # Four items, classes [0, 0, 1, 1]; pairs in order (0,1)+ (0,2)- (0,3)- (1,2)- (1,3)- (2,3)+.
 # Three 1-D heads and their per-pair losses, y D^2 + (1 - y) [1 - D]_+^2 (margin 1):

@@ -6,10 +6,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from pytorch_metric_learning import distances, losses
 
 import methods  # noqa: F401
 from harness.method import METHODS, Batch, Embedded, EmbeddingHead, MethodContext, Quadruplets
+from methods._pair_losses import distance_matrix
 from methods.lifted_structure import lifted_loss, mine_dense_matrix
 from methods.pddm import (
     PDDMUnit,
@@ -206,9 +208,10 @@ def test_embedding_losses_by_hand():
     q = quad(0, 1, 2, 3)
     # E_e (Eq. 4), beta = 1: [1 + sqrt2 - sqrt0.8]_+ + [1 + sqrt2 - sqrt3.2]_+
     e_e = (1 + math.sqrt(2) - math.sqrt(0.8)) + (1 + math.sqrt(2) - math.sqrt(3.2))
-    assert double_header_loss(emb, q, beta=1.0).item() == pytest.approx(e_e)  # 2.14514
+    dist = distance_matrix(emb)
+    assert double_header_loss(dist, q, beta=1.0).item() == pytest.approx(e_e)  # 2.14514
     # triplets (0,1,2), (1,0,3), margin 0.2 on squared D: [0.2 + 2 - 0.8]_+ + [0.2 + 2 - 3.2]_+
-    assert triplet_pair_loss(emb, q, margin=0.2).item() == pytest.approx(1.4)
+    assert triplet_pair_loss(dist, q, margin=0.2).item() == pytest.approx(1.4)
 
 
 def test_pddm_loss_is_em_plus_half_ee_on_the_units_scaled_graph():
@@ -220,7 +223,8 @@ def test_pddm_loss_is_em_plus_half_ee_on_the_units_scaled_graph():
     first, second = torch.triu_indices(4, 4, offset=1)
     scores = method.loss.unit(emb[first], emb[second], dropout=False)
     graph = scaled_graph(scores, 4)
-    expected = metric_loss(graph, q, 0.5) + 0.5 * double_header_loss(emb, q, 1.0)
+    dist = distance_matrix(F.normalize(emb, dim=1))
+    expected = metric_loss(graph, q, 0.5) + 0.5 * double_header_loss(dist, q, 1.0)
     assert method.loss(out, batch, q).item() == pytest.approx(expected.item())
     # mining is without dropout: the same quadruplet in training mode, every time
     method.loss.train()
