@@ -1,9 +1,17 @@
-"""Contrastive loss (Hadsell et al. 2006; Eq. 1 of Song et al. 2016) on hand-worked batches."""
+"""Contrastive loss (Hadsell et al. 2006; Eq. 1 of Song et al. 2016): hand-worked batches, the
+quadratic pair count, and the distance-matrix form against the gathered-row form."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from gathered_forms import (
+    SEEDS,
+    assert_same,
+    random_batch,
+    ref_contrastive_pair_loss,
+    value_and_grad,
+)
 
 import methods  # noqa: F401
 from harness.method import Batch, Embedded, Pairs, all_pairs
@@ -26,3 +34,18 @@ def test_contrastive_all_pairs_is_quadratic_in_batch_size():
         pairs = all_pairs(torch.arange(m) // 4)
         assert pairs.count() == m * (m - 1) // 2
         assert isinstance(pairs, Pairs)
+
+
+@pytest.mark.parametrize("duplicates", [False, True])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_contrastive_matches_the_gathered_form(seed: int, duplicates: bool) -> None:
+    emb, labels, _ = random_batch(seed, duplicates)
+    pairs = all_pairs(labels)
+    loss = ContrastiveLoss(1.0)
+
+    def ref(e):
+        per_pair = ref_contrastive_pair_loss(e, pairs.first, pairs.second, pairs.positive, 1.0)
+        return per_pair.sum() / (2 * len(per_pair))
+
+    new = value_and_grad(lambda e: loss(Embedded(e), Batch(labels), pairs), emb)
+    assert_same(new, value_and_grad(ref, emb))

@@ -1,6 +1,8 @@
 """HDC (Yuan et al., ICCV 2017): the cascade's pair sets and loss on hand-worked batches, the
 sets' sizes against h, cascade against the Caffe code's independent heads, the LDA score by
-hand, and the per-head metrics of a smoke run."""
+hand, a smoke run reporting every head, and the distance-matrix form against gathered rows."""
+
+from __future__ import annotations
 
 import json
 import math
@@ -8,14 +10,59 @@ from pathlib import Path
 
 import pytest
 import torch
+from gathered_forms import (
+    SEEDS,
+    assert_same,
+    random_batch,
+    ref_contrastive_pair_loss,
+    value_and_grad,
+)
 
 import methods  # noqa: F401
 from harness.errors import HarnessError
 from harness.leaderboard import render
-from harness.method import METHODS, Batch, Embedded, MethodContext, Pairs
+from harness.method import METHODS, Batch, Embedded, MethodContext, Pairs, all_pairs
 from harness.metrics import _lda, compute_metrics, lda_score
 from harness.runner import RunSpec, execute
 from methods.hdc import CascadeLoss, CascadeMiner, CascadePairs, hardest
+
+
+@pytest.mark.parametrize("cascade", [True, False])
+@pytest.mark.parametrize("duplicates", [False, True])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_hdc_matches_the_gathered_form(seed: int, duplicates: bool, cascade: bool) -> None:
+    heads = [random_batch(seed + 10 * k, duplicates)[0] for k in range(3)]
+    labels = random_batch(seed, duplicates)[1]
+    out = Embedded(torch.cat(heads, dim=1), {f"head{k}": h for k, h in enumerate(heads, 1)})
+    ratios, weights = [1.0, 0.5, 0.2], [1.0, 0.7, 1.3]
+    mined = CascadeMiner(1.0, ratios, cascade)(out, Batch(labels))
+    # the reference miner: the same cascade, pairs ranked by the gathered losses
+    every, ref_heads = all_pairs(labels), []
+    for k, ratio in enumerate(ratios, 1):
+        judge, pool = (k - 1, ref_heads[-1]) if cascade and k > 1 else (k, every)
+        if ratio >= 1:
+            ref_heads.append(pool)
+            continue
+        losses = ref_contrastive_pair_loss(
+            heads[judge - 1], pool.first, pool.second, pool.positive, 1.0
+        )
+        ref_heads.append(hardest(pool, losses, ratio))
+    for got, want in zip(mined.heads, ref_heads, strict=True):
+        assert torch.equal(torch.stack(got.indices()), torch.stack(want.indices()))
+
+    def new(*hs):
+        extras = {f"head{k}": h for k, h in enumerate(hs, 1)}
+        return CascadeLoss(1.0, weights)(Embedded(torch.cat(hs, 1), extras), Batch(labels), mined)
+
+    def ref(*hs):
+        total = 0.0
+        for h, pairs, weight in zip(hs, mined.heads, weights, strict=True):
+            per_pair = ref_contrastive_pair_loss(h, pairs.first, pairs.second, pairs.positive, 1.0)
+            total = total + weight * per_pair.sum() / (2 * len(per_pair))
+        return total
+
+    assert_same(value_and_grad(new, *heads), value_and_grad(ref, *heads))
+
 
 # Four items, classes [0, 0, 1, 1]; pairs in order (0,1)+ (0,2)- (0,3)- (1,2)- (1,3)- (2,3)+.
 # Three 1-D heads and their per-pair losses, y D^2 + (1 - y) [1 - D]_+^2 (margin 1):
@@ -23,12 +70,18 @@ from methods.hdc import CascadeLoss, CascadeMiner, CascadePairs, hardest
 #   head 2 x = (0, .6, .7, .8):  D  .6  .7  .8  .1  .2  .1  ->  .36 .09 .04 .81 .64 .01
 #   head 3 x = (0, .1, .95, .4): D  .1  .95 .4  .85 .3  .55 ->  .01 .0025 .36 .0225 .49 .3025
 LABELS = torch.tensor([0, 0, 1, 1])
+
+
 HEADS = {
     "head1": torch.tensor([[0.0], [0.2], [0.5], [0.9]]),
     "head2": torch.tensor([[0.0], [0.6], [0.7], [0.8]]),
     "head3": torch.tensor([[0.0], [0.1], [0.95], [0.4]]),
 }
+
+
 OUT = Embedded(torch.cat(list(HEADS.values()), dim=1), HEADS)
+
+
 RATIOS = [1.0, 0.5, 0.5]
 
 
@@ -156,6 +209,8 @@ def test_bad_hyperparameters_are_clear_errors(bad: dict):
 # Negative pairs (0,2) 3, (0,3) 6, (1,2) 2, (1,3) 5: m- = 4, v- = (1 + 4 + 4 + 1) / 4 = 2.5.
 # LDA = (4 - 2)^2 / (1 + 2.5) = 8 / 7 (above 1: a ratio, not clamped to [0, 1]).
 LDA_X = torch.tensor([[0.0], [1.0], [3.0], [6.0]])
+
+
 LDA_Y = torch.tensor([0, 0, 1, 1])
 
 

@@ -1,6 +1,6 @@
 """Quadruplet selection (Karaman et al. 2019): each miner on a hand-placed batch whose answer is
-known, the loss against a value worked by hand, reproducible random draws, and a clear
-message when the data has no coarse labels."""
+known, the loss against a value worked by hand, reproducible random draws, clear coarse-label
+errors, and the distance-matrix form against gathered rows."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from gathered_forms import (
+    SEEDS,
+    assert_same,
+    random_batch,
+    ref_quadruplet_selection_distances,
+    value_and_grad,
+)
 
 import harness.runner
 import methods  # noqa: F401
@@ -24,15 +31,41 @@ from methods.quadruplet_selection import (
     random_quadruplets,
 )
 
+
+@pytest.mark.parametrize("name", ["quadruplet_random", "quadruplet_method1", "quadruplet_method2"])
+@pytest.mark.parametrize("duplicates", [False, True])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_quadruplet_selection_matches_the_gathered_form(seed: int, duplicates: bool, name: str):
+    emb, labels, coarse = random_batch(seed, duplicates)
+    method = METHODS.get(name).build(MethodContext((8,), 8, 6, 3))
+    batch = Batch(labels, coarse)
+    q = method.miner(Embedded(emb), batch)
+    assert q.count() > 0
+    logits = {"fine_logits": torch.zeros(len(emb), 6), "coarse_logits": torch.zeros(len(emb), 3)}
+
+    def new(e):  # uniform logits: the two cross-entropies are ln 6 and ln 3
+        return method.loss(Embedded(e, logits), batch, q) - (math.log(6) + math.log(3))
+
+    ref = value_and_grad(lambda e: ref_quadruplet_selection_distances(e, q), emb)
+    assert_same(value_and_grad(new, emb), ref)
+
+
 NAMES = ["quadruplet_random", "quadruplet_method1", "quadruplet_method2"]
+
 
 # Seven points on the x-axis of the plane, so every distance is a difference of x.
 #   idx:     0  1  2  3  4   5   6
 #   x:       0  1  6  2  9  -3  14
 #   fine:    A  A  A  B  B   C   C      coarse: A, B in block 0; C in block 1
 X = torch.tensor([0.0, 1.0, 6.0, 2.0, 9.0, -3.0, 14.0], dtype=torch.float64)
+
+
 EMB = torch.stack([X, torch.zeros_like(X)], dim=1)
+
+
 BATCH = Batch(torch.tensor([0, 0, 0, 1, 1, 2, 2]), torch.tensor([0, 0, 0, 0, 0, 1, 1]))
+
+
 # Per reference: n = the closest C, radius R = D(r, n); p+ among A (or B), p- among the other.
 #   r=0: n=5 (3 < 14), R=3.  p+: 1 at 1 (in), 2 at 6 (out) -> 2.  p-: 3 at 2 (in), 4 at 9 (out) -> 4
 #   r=1: n=5 (4 < 13), R=4.  p+: 0 at 1 (in), 2 at 5 (out) -> 2.  p-: 3 at 1 (in), 4 at 8 (out) -> 4
@@ -43,6 +76,8 @@ BATCH = Batch(torch.tensor([0, 0, 0, 1, 1, 2, 2]), torch.tensor([0, 0, 0, 0, 0, 
 #   r=4: n=6 (5 < 12), R=5.  p+: 3 at 7 (out) -> 3.  p-: 2 at 3 (in), 1 at 8, 0 at 9 (out) -> 1
 #   r=5, r=6 (C): block 1 holds no other fine class, so no p-: no quadruplet.
 METHOD1 = [(0, 2, 4, 5), (1, 2, 4, 5), (4, 3, 1, 6)]
+
+
 METHOD2 = [(0, 2, 4, 5), (1, 2, 4, 5), (2, 0, 3, 6), (3, 4, 2, 5), (4, 3, 1, 6)]
 
 
@@ -117,7 +152,11 @@ LOSS_EMB = torch.tensor(
     [[0, 0], [0.5, 0], [0, 0.6], [-0.8, 0], [10, 0], [10.3, 0], [10, 0.9], [8.5, 0]],
     dtype=torch.float64,
 )
+
+
 LOSS_BATCH = Batch(torch.tensor([0, 0, 1, 2, 0, 0, 1, 3]), torch.tensor([0, 0, 0, 1, 0, 0, 0, 1]))
+
+
 LOSS_QUADS = Quadruplets(0, *(torch.tensor(c) for c in ([0, 4], [1, 5], [2, 6], [3, 7])))
 
 
@@ -195,7 +234,7 @@ def test_runner_marks_a_dataset_without_coarse_labels_not_applicable(tmp_path, m
 def test_random_run_is_bit_reproducible(tmp_path: Path):
     """A protocol whose batches hold several classes of one Unicode block (8 x 2 of 12)."""
     protocol = tmp_path / "qsel.yaml"
-    text = (Path(__file__).parent.parent / "protocols" / "smoke.yaml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "protocols" / "smoke.yaml").read_text()
     text = text.replace("{classes_per_batch: 4, images_per_class: 4}",
                         "{classes_per_batch: 8, images_per_class: 2}")  # fmt: skip
     protocol.write_text(text)

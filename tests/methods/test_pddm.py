@@ -1,18 +1,35 @@
-"""Lifted structure (Song et al. 2016, Eq. 4) and the PDDM family (Huang et al. 2016): each
-loss against a value worked by hand, the hard quadruplet on batches where it is known, the
-[0, 1] scaling reading, the PDDM scorer against brute force, and a short training."""
+"""The PDDM family (Huang et al. 2016): each loss against a value worked by hand, the hard
+quadruplet on batches where it is known, the [0, 1] scaling, the learned scorer, short
+training, and the distance-matrix form against gathered rows."""
+
+from __future__ import annotations
 
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from pytorch_metric_learning import distances, losses
+from gathered_forms import (
+    SEEDS,
+    assert_same,
+    random_batch,
+    ref_pddm_triplet_term,
+    ref_quadruplet_euclidean,
+    value_and_grad,
+)
 
 import methods  # noqa: F401
-from harness.method import METHODS, Batch, Embedded, EmbeddingHead, MethodContext, Quadruplets
-from methods._pair_losses import distance_matrix
-from methods.lifted_structure import lifted_loss, mine_dense_matrix
+from harness.method import (
+    METHODS,
+    Batch,
+    Embedded,
+    EmbeddingHead,
+    MethodContext,
+    Quadruplets,
+)
+from methods._pair_losses import (
+    distance_matrix,
+)
 from methods.pddm import (
     PDDMUnit,
     double_header_loss,
@@ -22,6 +39,23 @@ from methods.pddm import (
     scaled_graph,
     triplet_pair_loss,
 )
+
+
+@pytest.mark.parametrize("duplicates", [False, True])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_pddm_family_matches_the_gathered_form(seed: int, duplicates: bool) -> None:
+    emb, labels, _ = random_batch(seed, duplicates)
+    ctx = MethodContext((8,), 8, 6)
+    euclidean = METHODS.get("quadruplet_euclidean").build(ctx, quadruplets_per_batch=4)
+    q = euclidean.miner(Embedded(emb), Batch(labels))
+    assert q.count() == 4
+    new = value_and_grad(lambda e: euclidean.loss(Embedded(e), Batch(labels), q), emb)
+    assert_same(new, value_and_grad(lambda e: ref_quadruplet_euclidean(e, q), emb))
+    # pddm_triplet's embedding term, alone: the PDDM unit's E_m reads no distance
+    unit_emb = F.normalize(emb, dim=1)
+    new = value_and_grad(lambda e: triplet_pair_loss(distance_matrix(e), q, 0.2), unit_emb)
+    assert_same(new, value_and_grad(lambda e: ref_pddm_triplet_term(e, q), unit_emb))
+
 
 PDDM_FAMILY = [
     "pddm_quadruplet",
@@ -40,55 +74,6 @@ def quad(*idx: int) -> Quadruplets:
 def circle(*degrees: float) -> torch.Tensor:
     rad = torch.tensor(degrees, dtype=torch.float64) * math.pi / 180
     return torch.stack([rad.cos(), rad.sin()], dim=1)
-
-
-# --- lifted structure -----------------------------------------------------------------------
-
-# Classes 0 and 1 on a 3 x 4 rectangle, class 2 a pair far away (x = 100).
-LIFTED_EMB = torch.tensor(
-    [[0.0, 0.0], [0.0, 3.0], [4.0, 0.0], [4.0, 3.0], [100.0, 0.0], [100.0, 0.1]],
-    dtype=torch.float64,
-)
-LIFTED_LABELS = torch.tensor([0, 0, 1, 1, 2, 2])
-
-
-def test_lifted_matches_eq4_by_hand():
-    # P = {(0,1), (2,3), (4,5)}, |P| = 3. Pair (0,1): D_01 = 3; negatives of 0 at D = 4, 5,
-    # ~100, ~100; of 1 at D = 5, 4, ~100, ~100 (exp(1 - 100) ~ 1e-43, nothing in float64 here).
-    # J~_01 = log(2 e^(1-4) + 2 e^(1-5)) + 3 = log(2 e^-3 (1 + e^-1)) + 3 = log(2 (1 + 1/e)).
-    # (2,3) is its mirror image: the same value L. Pair (4,5): D_45 = 0.1, its nearest negatives
-    # at D ~ 96: J~_45 ~ 1 - 96 + log 4 + 0.1 < 0, so [J~_45]_+ = 0 and it still counts in |P|.
-    # J~ = (L^2 + L^2 + 0) / (2 * 3) = L^2 / 3.
-    L = math.log(2 * (1 + 1 / math.e))
-    loss = lifted_loss(LIFTED_EMB, LIFTED_LABELS, margin=1.0)
-    assert loss.item() == pytest.approx(L**2 / 3, rel=1e-9)
-
-
-def test_lifted_equals_pytorch_metric_learning_with_its_defaults():
-    """pytorch-metric-learning 2.9's LiftedStructureLoss (ordered pairs, J^2 / 2 each, plain
-    mean) is the same value: 1/(2|P|) sum, whether P is read as ordered or unordered."""
-    L = math.log(2 * (1 + 1 / math.e))
-    raw = losses.LiftedStructureLoss(distance=distances.LpDistance(normalize_embeddings=False))
-    assert raw(LIFTED_EMB, LIFTED_LABELS).item() == pytest.approx(L**2 / 3, rel=1e-9)
-    torch.manual_seed(0)  # its defaults normalise the embeddings, as our head does
-    emb = torch.nn.functional.normalize(torch.randn(64, 16, dtype=torch.float64), dim=1)
-    labels = torch.arange(16).repeat_interleave(4)
-    expected = losses.LiftedStructureLoss()(emb, labels).item()
-    assert lifted_loss(emb, labels, margin=1.0).item() == pytest.approx(expected, rel=1e-9)
-
-
-def test_lifted_is_stable_and_counts_the_dense_matrix():
-    emb = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.3, 0.4], [50.0, 0.0]], requires_grad=True)
-    labels = torch.tensor([0, 0, 1, 1])  # a duplicated point (D = 0) and far negatives
-    loss = lifted_loss(emb, labels, margin=1.0)
-    loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(emb.grad).all()
-    assert mine_dense_matrix(Embedded(emb), Batch(labels)).evaluated == 4 * 3 // 2
-    far = torch.tensor([[0.0, 0.0], [0.0, 0.0], [50.0, 0.0], [50.0, 0.1]])
-    assert lifted_loss(far, labels, margin=1.0).item() == 0.0  # J~ ~ 1 - 50 + log 4 < 0
-
-
-# --- PDDM: unit, scaling, mining, losses ------------------------------------------------------
 
 
 def hand_unit(position: bool = True) -> PDDMUnit:
@@ -129,6 +114,8 @@ def test_pddm_unit_matches_eq2_by_hand():
 
 # m = 4, labels [0, 0, 1, 1]; raw scores in triu order (0,1) (0,2) (0,3) (1,2) (1,3) (2,3).
 RAW = torch.tensor([2.0, 4.0, -2.0, 1.0, 0.0, 6.0], dtype=torch.float64)
+
+
 LABELS4 = torch.tensor([0, 0, 1, 1])
 
 
@@ -246,9 +233,6 @@ def test_scorer_is_the_unit_without_dropout_and_chunking_does_not_matter(name: s
     for block in (1, 3, 64):
         assert torch.allclose(pddm_scorer(unit, block)(query, gallery), brute, atol=1e-6)
     assert METHODS.get("pddm_quadruplet").build(MethodContext((8,), 6, 3)).scorer is None
-
-
-# --- training lowers each loss ------------------------------------------------------------------
 
 
 def clustered(seed: int, classes: int = 8, per_class: int = 16, dim: int = 16):
