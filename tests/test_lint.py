@@ -1,5 +1,6 @@
 """The code base stays ruff-clean (lint and format), so CI catches style drift too."""
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -26,3 +27,26 @@ def test_ruff_check():
 def test_ruff_format():
     proc = ruff("format", "--check")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+MAX_FUNCTION_LINES = 80  # issue 12: a function longer than this does several jobs
+MAX_FILE_LINES = 550  # about 500: a longer module holds more than one job
+
+
+def _sizes() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    functions, files = [], []
+    for path in sorted([*(REPO / "harness").rglob("*.py"), *(REPO / "methods").rglob("*.py")]):
+        text = path.read_text()
+        files.append((len(text.splitlines()), str(path.relative_to(REPO))))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                functions.append((length, f"{path.relative_to(REPO)}:{node.name}"))
+    return functions, files
+
+
+def test_functions_and_files_stay_small():
+    functions, files = _sizes()
+    assert len(functions) > 100 and len(files) > 30  # the scan sees the tree
+    assert [f for f in functions if f[0] > MAX_FUNCTION_LINES] == []
+    assert [f for f in files if f[0] > MAX_FILE_LINES] == []
