@@ -163,6 +163,16 @@ def test_the_overhead_method_is_an_option(tmp_path: Path):
     assert record["overhead"]["method"] == "contrastive" and record["overhead"]["ratio"] > 0
 
 
+COMMITTED_RESULT = (
+    Path(__file__).resolve().parents[3]
+    / "results"
+    / "runs"
+    / "default"
+    / "contrastive"
+    / "seed0.json"
+)
+
+
 def test_figures_are_written(tmp_path: Path):
     runs = []
     for method, seeds in (("contrastive", (0, 1)), ("triplet", (0,))):
@@ -170,10 +180,10 @@ def test_figures_are_written(tmp_path: Path):
             path = tmp_path / "runs" / method / f"seed{seed}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             loss = [1.0 / (e + 1 + seed) for e in range(5)]
-            path.write_text(json.dumps({
-                "status": "ok", "method": {"name": method}, "protocol": {"name": "smoke"},
-                "training": {"epoch_loss": loss}, "metrics": {"recall@1": 0.5},
-            }))  # fmt: skip
+            result = json.loads(COMMITTED_RESULT.read_text())  # a real result, then edited
+            result["method"]["name"], result["seed"] = method, seed
+            result["training"]["epoch_loss"] = loss
+            path.write_text(json.dumps(result))
             runs.append(path)
     curve = training_curve(runs, tmp_path / "figs" / "curve.png")
     assert curve.read_bytes().startswith(PNG) and curve.stat().st_size > 5000
@@ -181,7 +191,8 @@ def test_figures_are_written(tmp_path: Path):
     with_selection = []
     for path in runs:
         result = json.loads(path.read_text())
-        result["selection"] = {"metric": "map@r", "per_epoch": [0.1, 0.2, 0.3, 0.25, 0.2]}
+        result["selection"] = {"metric": "map@r", "split": "validation", "best_epoch": 3,
+                               "per_epoch": [0.1, 0.2, 0.3, 0.25, 0.2], "seconds": 1.0}  # fmt: skip
         path.write_text(json.dumps(result))
         with_selection.append(path)
     both = training_curve(with_selection, tmp_path / "figs" / "curve_val.png")
@@ -196,7 +207,9 @@ def test_figures_are_written(tmp_path: Path):
     assert sum(counts["negative"]) == 80 * 79 // 2 - 10 * 8 * 7 // 2
     one = tmp_path / "runs" / "t" / "m" / "seed0.json"
     one.parent.mkdir(parents=True)
-    one.write_text(json.dumps({"status": "ok", "method": {"name": "m"}, "distances": counts}))
+    result = json.loads(COMMITTED_RESULT.read_text())
+    result["method"]["name"], result["distances"] = "m", counts
+    one.write_text(json.dumps(result))
     hist = distance_histograms([one], tmp_path / "hist.png", "random clusters")
     assert hist.read_bytes().startswith(PNG) and hist.stat().st_size > 5000
 
