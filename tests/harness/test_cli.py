@@ -48,7 +48,7 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
         assert key in record
     assert record["protocol"]["hash"] and record["protocol"]["version"] == 2
     assert record["method"] == {
-        "name": "contrastive", "version": 1, "paper": "lifted_structure_cvpr2016",
+        "name": "contrastive", "version": 2, "paper": "lifted_structure_cvpr2016",
         "hyperparameters": {"margin": 1.0},
     }  # fmt: skip
     assert record["environment"]["packages"]["torch"]
