@@ -310,7 +310,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _cost_methods(args: argparse.Namespace, protocol: Protocol) -> list[str]:
     """The methods --methods names (default: every registered one), each checked against the
     registry and the protocol's overrides before anything is measured."""
-    from harness.method import METHODS
+    from harness.method import METHODS, protocol_hyperparameters
 
     if getattr(args, "methods", None):
         names = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
@@ -319,7 +319,7 @@ def _cost_methods(args: argparse.Namespace, protocol: Protocol) -> list[str]:
     else:
         names = METHODS.names()
     for name in names:
-        METHODS.get(name).hyperparameters(protocol.method_overrides(name))
+        protocol_hyperparameters(protocol, name)
     asked = getattr(args, "overhead_method", None)
     if asked is not None and asked not in names:
         METHODS.get(asked)  # an unknown name: "did you mean"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,9 @@ from torch import nn
 
 from harness.errors import HarnessError
 from harness.registry import Registry, closest
+
+if TYPE_CHECKING:
+    from harness.protocol import Protocol
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,12 @@ class MethodSpec:
 
 
 METHODS: Registry[MethodSpec] = Registry("method")
+
+
+def protocol_hyperparameters(protocol: Protocol, name: str) -> dict[str, Any]:
+    """The method's hyperparameters under a protocol: its defaults with the protocol's
+    overrides (an unknown override is an error). The one place runs and cost resolve them."""
+    return METHODS.get(name).hyperparameters(protocol.method_overrides(name))
 
 
 def register_method(

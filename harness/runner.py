@@ -29,7 +29,7 @@ from harness.data import DATASETS, LabelledImages, default_cache_dir
 from harness.devices import resolve_device
 from harness.errors import HarnessError
 from harness.evaluate import evaluate, retrieval_record, selection_score
-from harness.method import METHODS, MethodSpec
+from harness.method import METHODS, MethodSpec, protocol_hyperparameters
 from harness.model import build_model
 from harness.protocol import Protocol, load_protocol
 from harness.registry import closest
@@ -88,7 +88,7 @@ def resolve(spec: RunSpec) -> RunSpec:
     protocol = load_protocol(spec.protocol) if isinstance(spec.protocol, str) else spec.protocol
     hyper = spec.hyperparameters
     if hyper is None:
-        hyper = METHODS.get(spec.method).hyperparameters(protocol.method_overrides(spec.method))
+        hyper = protocol_hyperparameters(protocol, spec.method)
     if protocol is spec.protocol and hyper is spec.hyperparameters:
         return spec
     return dataclasses.replace(spec, protocol=protocol, hyperparameters=hyper)
@@ -116,7 +116,7 @@ def plan(
 ) -> list[RunSpec]:
     """One resolved RunSpec per (method, seed): the protocol parsed once, each method's
     hyperparameters resolved once; unknown methods and bad overrides fail before any run."""
-    hyper = {name: METHODS.get(name).hyperparameters(protocol.method_overrides(name))
+    hyper = {name: protocol_hyperparameters(protocol, name)
              for name in methods}  # fmt: skip
     for name in protocol.methods:
         if name not in METHODS:

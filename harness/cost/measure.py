@@ -80,12 +80,12 @@ def _setup(
     protocol: Protocol, prepared: PreparedData, names: Sequence[str], largest_p: int,
     device: torch.device,
 ) -> _Setup:  # fmt: skip
-    from harness.method import METHODS, MethodContext
+    from harness.method import MethodContext, protocol_hyperparameters
     from harness.model import build_seeded_backbone
 
     seed = protocol.seeds[0]
     data, split = prepared.data, prepared.split
-    hyper = {n: METHODS.get(n).hyperparameters(protocol.method_overrides(n)) for n in names}
+    hyper = {n: protocol_hyperparameters(protocol, n) for n in names}
     num_coarse = len(data.coarse_names) if data.coarse_names else None
     backbone = build_seeded_backbone(protocol, seed, device, data.images.shape[1])
     context = MethodContext(tuple(backbone.stage_dims), protocol.embedding_dim,

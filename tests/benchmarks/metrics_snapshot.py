@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_evaluation import embeddings
 
 from harness.evaluate import distance_histogram, rerank
 from harness.metrics import compute_report, lda_score
@@ -40,12 +41,7 @@ def _ints(n: int, d: int, high: int, classes: int, seed: int) -> tuple[Any, Any]
 
 
 def _normalised(n: int, d: int, classes: int, seed: int) -> tuple[Any, Any]:
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, classes, size=n)
-    centres = rng.normal(size=(classes, d))
-    x = centres[labels] + 1.5 * rng.normal(size=(n, d))
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x.astype(np.float32), labels
+    return embeddings(n, d, classes, seed)  # the benchmark's clustered, normalised rows
 
 
 def _neg_sq(q: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
