@@ -62,7 +62,10 @@ def evaluate(
     distances. Clustering metrics cluster queries and gallery together (see harness.metrics)."""
     start = time.perf_counter()
     batch = protocol.evaluation.batch_size
-    embeddings, parts = embed_parts(backbone, method, images, device, batch)
+    if gallery is None:  # the parts are scored all-vs-all only
+        embeddings, parts = embed_parts(backbone, method, images, device, batch)
+    else:
+        embeddings, parts = embed(backbone, method, images, device, batch), {}
     gallery_args: tuple[torch.Tensor, torch.Tensor] | tuple[()] = ()
     if gallery is not None:
         gallery_args = (embed(backbone, method, gallery[0], device, batch),

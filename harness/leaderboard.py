@@ -60,12 +60,13 @@ def completeness(runs: list[RunResult]) -> tuple[int, int, list[int]]:
     return len(finished & asked) if asked else len(finished), len(asked), sorted(asked - finished)
 
 
-def _seeds_cell(runs: list[RunResult]) -> tuple[int | str, bool]:
-    """`3` for a complete row; `2/3 (incomplete)` when seeds asked for have not finished."""
+def _seeds_cell(runs: list[RunResult]) -> tuple[int | str, list[int]]:
+    """`3` for a complete row; `2/3 (incomplete)` when seeds asked for have not finished
+    (returned with the missing seeds; none for a complete row)."""
     finished, asked, missing = completeness(runs)
     if not missing:
-        return sum(r.ok for r in runs), True
-    return f"{finished}/{asked} (incomplete)", False
+        return sum(r.ok for r in runs), []
+    return f"{finished}/{asked} (incomplete)", missing
 
 
 def _table(
@@ -106,7 +107,7 @@ def _line(
 ) -> dict[str, Any]:
     """One method's row: seeds, mean +- std of each metric, speed, and notes."""
     ok = group[group["status"] == "ok"]
-    seeds, complete = _seeds_cell(runs)
+    seeds, missing = _seeds_cell(runs)
     line: dict[str, Any] = {"method": method, "seeds": seeds}
     for name in metrics:
         if name in UNBOUNDED_METRICS:  # a ratio, not a fraction: as is, two decimals
@@ -119,14 +120,13 @@ def _line(
     bad = group[group["status"] != "ok"]
     notes = [f"seed {s}: {st} ({f})"
              for s, st, f in bad[["seed", "status", "failure"]].itertuples(index=False)]  # fmt: skip
-    missing = completeness(runs)[2]
-    if missing and not complete:
+    if missing:
         notes.append(f"not finished: seed{'s' if len(missing) > 1 else ''} "
                      f"{', '.join(map(str, missing))}")  # fmt: skip
     line["notes"] = "; ".join(notes)
     sort_metric = metrics[0] if metrics else None
     line["_sort"] = ok[sort_metric].mean() if sort_metric and not ok.empty else -1.0
-    line["_complete"] = complete
+    line["_complete"] = not missing
     return line
 
 

@@ -30,6 +30,7 @@ class StepResult:
     mined: Mined | None
     trained: bool  # False: an empty step (no gradient, or the miner found no tuples)
     images: int
+    tuples: int = 0  # mined.count(), counted once per step
 
 
 def trainable_modules(backbone: nn.Module, method: Method) -> nn.ModuleList:
@@ -116,11 +117,12 @@ class TrainingStep:
         with self.timer.phase("loss"):
             loss = self.method.loss(out, batch, mined)
         self.optimizer.zero_grad(set_to_none=True)
-        trained = bool(loss.requires_grad and (mined is None or mined.count() > 0))
+        tuples = 0 if mined is None else mined.count()
+        trained = bool(loss.requires_grad and (mined is None or tuples > 0))
         if trained:
             self._backward(loss, originals, leaves)
             self.optimizer.step()
-        return StepResult(loss.detach(), mined, trained, len(idx))
+        return StepResult(loss.detach(), mined, trained, len(idx), tuples)
 
     def _backward(
         self, loss: torch.Tensor, originals: list[torch.Tensor], leaves: list[torch.Tensor]

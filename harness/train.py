@@ -256,7 +256,7 @@ class _Session:
         if result.mined is not None:
             stats = self.state.stats
             stats.tuple_kind = type(result.mined).__name__.lower()
-            stats.tuples_mined += result.mined.count()
+            stats.tuples_mined += result.tuples
             stats.pair_scores_evaluated += result.mined.evaluated
 
     def is_epoch_end(self, step: int) -> bool:

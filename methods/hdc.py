@@ -56,6 +56,9 @@ class CascadePairs(Mined):
 
     heads: tuple[Pairs, ...]
 
+    def count(self) -> int:  # without concatenating every head's pairs
+        return sum(p.count() for p in self.heads)
+
     def indices(self) -> tuple[torch.Tensor, ...]:
         empty = torch.zeros(0, dtype=torch.long)
         first = [p.first for p in self.heads] or [empty]

@@ -125,7 +125,7 @@ def _measure_method(
         cells = measure_scaling(
             method, setup.context.stage_dims, batch_sizes, protocol.sampler.images_per_class,
             num_classes=setup.synthetic.num_classes,
-            num_coarse=setup.synthetic.num_coarse_classes or 4, device=setup.device,
+            num_coarse=setup.synthetic.num_coarse_classes, device=setup.device,
             repeats=repeats, seed=setup.seed,
         )  # fmt: skip
         fitted = fits(cells)

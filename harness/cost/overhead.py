@@ -131,6 +131,7 @@ class _Loops:
         from harness.runner import contiguous
         from harness.sampler import PKSampler
         from harness.timing import PhaseTimer
+        from harness.train import total_steps
 
         data, split = prepared.data, prepared.split
         self.backbone, self.method, self.protocol, self.device = backbone, method, protocol, device
@@ -141,7 +142,7 @@ class _Loops:
         p, k = protocol.sampler.classes_per_batch, protocol.sampler.images_per_class
         sampler = PKSampler(self.labels, p, k, seed)
         self.per_epoch = sampler.batches_per_epoch
-        budget = protocol.budget.steps or protocol.budget.epochs * self.per_epoch
+        budget = total_steps(protocol, self.per_epoch, None)
         self.steps = min(self.per_epoch + 1, OVERHEAD_MAX_STEPS, budget)
         self.images_per_run = self.steps * p * k
         self.batches = [torch.from_numpy(sampler.next_batch()) for _ in range(self.steps)]

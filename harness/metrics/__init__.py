@@ -58,7 +58,8 @@ Distance distributions
       the unordered pairs i < j in all-vs-all mode, every query x gallery pair otherwise.
       Variances are the population ones (divided by the count). Always on the embeddings'
       Euclidean distances, even when a ``scorer`` ranks. Computed exactly, in float64 row chunks
-      (about 4M distances at a time) merged with Chan et al.'s update; not a fraction: >= 0 and
+      of the one pass, as sums shifted by one actual pair distance (harness/metrics/distances.py);
+      not a fraction: >= 0 and
       unbounded (0 when every distance is equal, inf when both variances are 0 and the means
       differ). Needs at least one positive and one negative pair.
 

@@ -80,18 +80,6 @@ def stable_topk(keys: torch.Tensor, m: int) -> torch.Tensor:
     return index
 
 
-def average_precision_sorted(
-    keys: torch.Tensor, relevant: torch.Tensor, irrelevant: torch.Tensor
-) -> torch.Tensor:
-    """Reference AP by a full stable sort (used for rows with ties; dense, so keep n small)."""
-    order = torch.sort(keys, dim=1, stable=True).indices
-    rel_sorted = relevant.gather(1, order)
-    rank = (relevant | irrelevant).gather(1, order).cumsum(1)
-    hits = rel_sorted.cumsum(1)
-    precision = hits.to(torch.float64) / rank.clamp(min=1)
-    return (precision * rel_sorted).sum(1) / rel_sorted.sum(1).to(torch.float64)
-
-
 def faiss_topk(
     q_emb: torch.Tensor, g_emb: torch.Tensor, active: torch.Tensor, m: int
 ) -> torch.Tensor:
