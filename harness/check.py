@@ -45,12 +45,14 @@ from harness.errors import HarnessError
 from harness.fingerprint import describe
 from harness.method import METHODS
 from harness.protocol import Protocol, load_protocol
-from harness.results import REPO_ROOT, RunResult, read_result, result_path, write_json_atomic
+from harness.results import RunResult, read_result, result_path, write_json_atomic
 from harness.runner import plan, sweep_pinned
+from harness.shipped import source_tree
 
 log = logging.getLogger(__name__)
 
-BASELINE_DIR = REPO_ROOT / "results" / "baselines"
+# The committed baselines of the clone; an installed harness looks in ./results/baselines
+BASELINE_DIR = (source_tree() or Path()) / "results" / "baselines"
 BASELINE_FORMAT = 2
 EXACT_RTOL = 1e-12  # exact mode: float64 metric arithmetic may reorder; training moves far more
 ALPHA = 0.01  # the whole check's false-alarm rate in statistical mode (Bonferroni over rows)
@@ -305,7 +307,8 @@ def check(
     else:
         if not path.exists():
             raise HarnessError(
-                f"no baseline file {path}: create it with "
+                f"no baseline file {path}: pass --baselines DIR (a clone's results/baselines) "
+                f"or create it with "
                 f"`python -m harness check --protocol {protocol.name} --update --reason TEXT`"
             )
         baseline = load_baseline(path)

@@ -35,10 +35,33 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """-q and -v, accepted before or after the subcommand. The subcommands' copies default to
+    SUPPRESS, so that leaving them out after the subcommand keeps what was given before it."""
+    group = parser.add_argument_group("global options")
+    group.add_argument("-q", "--quiet", action="store_true", default=default,
+                       help="warnings and errors only: no progress bars or per-run lines")  # fmt: skip
+    group.add_argument("-v", "--verbose", action="store_true", default=default,
+                       help="debug logging from the harness and the methods")  # fmt: skip
+
+
+class SubcommandParser(Parser):
+    """A subcommand's parser: it takes the global options too (`run ... -q`)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        _add_global_options(self, argparse.SUPPRESS)
+
+
+def program_name() -> str:
+    """`dml-harness` when started by the console script, else `python -m harness`."""
+    return "dml-harness" if Path(sys.argv[0]).stem == "dml-harness" else "python -m harness"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m harness", description=__doc__.splitlines()[0])
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser = Parser(prog=program_name(), description=__doc__.splitlines()[0])
+    _add_global_options(parser, False)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
 
     run = sub.add_parser("run", help="train and evaluate methods under a protocol")
     which = run.add_mutually_exclusive_group(required=True)
@@ -133,7 +156,7 @@ def add_data_parser(sub: argparse._SubParsersAction) -> None:
     """`data verify` and `data download` for the papers' datasets."""
     names = ["cub200", "cars196", "sop", "inshop", "vehicleid"]
     data = sub.add_parser("data", help="check (or fetch) the papers' datasets on disk")
-    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=SubcommandParser)
     verify = dsub.add_parser("verify", help="check a dataset against the published counts")
     verify.add_argument("--dataset", required=True, choices=names)
     verify.add_argument("--data-root", required=True, type=Path)
@@ -218,13 +241,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
     listing = {
         "methods": [
             {"name": n, "version": METHODS.get(n).version, "paper": METHODS.get(n).paper,
-             "needs_coarse_labels": METHODS.get(n).needs_coarse_labels,
+             "family": METHODS.get(n).family, "needs_coarse_labels": METHODS.get(n).needs_coarse_labels,
              "hyperparameters": METHODS.get(n).defaults(), "summary": METHODS.get(n).summary}
             for n in METHODS.names()
         ],
         "protocols": [],
         "datasets": DATASETS.names(),
     }  # fmt: skip
+    from harness.shipped import PROTOCOL_DIR
+
+    log.debug("shipped protocols from %s", PROTOCOL_DIR)
     for name in protocol_names():
         p = load_protocol(name)
         listing["protocols"].append(
@@ -399,12 +425,18 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.quiet and args.verbose:
+        print("error: -q and -v contradict each other: give one of them", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(message)s",
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+    if args.verbose:  # only our loggers: matplotlib's and PIL's debug output is noise here
+        for name in ("harness", "methods"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
     logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs CPU probing at INFO
     try:
         return COMMANDS[args.command](args)

@@ -65,67 +65,89 @@ def _log_axes(ax: Axes, sizes: Sequence[int], ylabel: str, title: str) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
+def by_family(names: Iterable[str], family: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Method names grouped by family (harness.method.FAMILIES order, then "other"); `family`
+    overrides the registry's answer (a cost record carries each method's family)."""
+    from harness.method import FAMILIES, family_of
+
+    family = family or {}
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        groups.setdefault(family.get(name) or family_of(name), []).append(name)
+    order = [*FAMILIES, "other"]
+    return {
+        f: groups[f] for f in sorted(groups, key=lambda f: order.index(f) if f in order else 99)
+    }
+
+
+def _context(ax: Axes, xs: Sequence[float], ys: Sequence[float]) -> None:
+    """Another family's line, thin and grey behind the panel's own: where this family lies
+    among all methods, without a legend entry."""
+    ax.plot(xs, ys, color="0.82", lw=0.8, zorder=1, label="_context")
+
+
 def cost_figure(record: dict[str, Any], out_png: Path) -> Path:
     """From a cost record (results/cost/<protocol>.json): mining time, loss forward+backward
-    time and pair scores evaluated against m, log-log, one line per method, with m and m^2
-    guide lines. Methods without a miner have no mining line (nothing to draw on log axes)."""
+    time and pair scores evaluated against m, log-log, with m and m^2 guide lines. One row of
+    panels per family of methods (pairs, triplets, quadruplets, ...), the row's methods in
+    colour and every other method in light grey, so the figure stays readable at any number
+    of methods. Methods without a miner have no mining line (nothing to draw on log axes)."""
     sizes = record["settings"]["batch_sizes"]
     panels = (
         ("mining_ms", "milliseconds", "mining time"),
         ("loss_ms", "milliseconds", "loss forward + backward time"),
         ("evaluated", "pair distances / scores", "work of the miner (pairs evaluated)"),
     )
-    fig = Figure(figsize=(15, 4.8))
-    axes = fig.subplots(1, 3)
-    handles: dict[str, Any] = {}
-    methods = [e for e in record["methods"] if e.get("status") == "ok"]
-    for ax, (key, ylabel, title) in zip(axes, panels, strict=True):
-        lowest = []
-        for i, entry in enumerate(methods):
-            cells = [c for c in entry["measurements"] if c.get(key)]
-            if not cells:
-                continue
-            xs = [c["batch_size"] for c in cells]
-            ys = [c[key] for c in cells]
-            (line,) = ax.plot(xs, ys, label=entry["method"], ms=5, lw=1.5, **_style(i))
-            handles.setdefault(entry["method"], line)
-            lowest.append(ys[0] if xs[0] == min(sizes) else ys[0] / (xs[0] / min(sizes)))
-        _log_axes(ax, sizes, ylabel, title)
-        if lowest:
-            _guides(ax, sizes, float(np.exp(np.mean(np.log(lowest)))))
-        else:
-            ax.text(0.5, 0.5, "nothing measured", ha="center", va="center",
-                    transform=ax.transAxes)  # fmt: skip
-    guide_handles = next(
-        (g for ax in axes if (g := [h for h in ax.get_lines() if h.get_label()[0] == "∝"])), []
-    )
+    entries = {e["method"]: e for e in record["methods"] if e.get("status") == "ok"}
+    families = by_family(entries, {n: e.get("family", "") for n, e in entries.items()})
+    rows = max(1, len(families))
+    fig = Figure(figsize=(16, 3.9 * rows + 0.6))
+    grid = np.atleast_2d(fig.subplots(rows, 3, squeeze=False))
+    for r, (family, names) in enumerate(families.items() or [("", [])]):
+        handles: dict[str, Any] = {}
+        for ax, (key, ylabel, title) in zip(grid[r], panels, strict=True):
+            lowest = []
+            for name, entry in entries.items():
+                cells = [c for c in entry["measurements"] if c.get(key)]
+                if not cells:
+                    continue
+                xs = [c["batch_size"] for c in cells]
+                ys = [c[key] for c in cells]
+                if name not in names:
+                    _context(ax, xs, ys)
+                    continue
+                style = _style(names.index(name))
+                (line,) = ax.plot(xs, ys, label=name, ms=5, lw=1.6, zorder=3, **style)
+                handles.setdefault(name, line)
+                lowest.append(ys[0] if xs[0] == min(sizes) else ys[0] / (xs[0] / min(sizes)))
+            _log_axes(ax, sizes, ylabel, f"{family}: {title}" if family else title)
+            if lowest:
+                _guides(ax, sizes, float(np.exp(np.mean(np.log(lowest)))))
+            else:
+                ax.text(0.5, 0.5, "nothing measured", ha="center", va="center",
+                        transform=ax.transAxes)  # fmt: skip
+        guides = [h for h in grid[r][1].get_lines() if h.get_label().startswith("∝")]
+        grid[r][2].legend(
+            list(handles.values()) + guides,
+            list(handles) + [h.get_label() for h in guides],
+            loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, fontsize=9,
+        )  # fmt: skip
     p = record["protocol"]
     device = record.get("environment", {}).get("hardware", {}).get("device", "?")
     fig.suptitle(
         f"Cost against batch size m = P x {record['settings']['images_per_class']} — protocol "
         f"{p['name']} v{p['version']}, {device}, median of up to {record['settings']['repeats']} "
-        "repeats",
+        "repeats; grey: the other families",
         fontsize=12,
-    )
-    fig.legend(
-        list(handles.values()) + guide_handles,
-        list(handles) + [h.get_label() for h in guide_handles],
-        loc="center left",
-        bbox_to_anchor=(1.0, 0.5),
-        frameon=False,
-        fontsize=9,
     )
     fig.tight_layout()
     return _save(fig, out_png)
 
 
-def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | None = None) -> Path:
-    """Training loss against epoch from run results (results/runs/<protocol>/<method>/
-    seed<k>.json, `training.epoch_loss`), one line per method: the mean over its seeds (a
-    band from the lowest to the highest seed when there are several). Runs without a loss
-    curve (failed, untrained) are left out. Log y when every loss is positive, because the
-    methods' losses differ by orders of magnitude. When the runs selected on a validation
-    split, a second panel shows the selection metric per epoch (the PDDM paper's Fig. 4)."""
+def _read_curves(
+    result_paths: Iterable[Path],
+) -> tuple[dict[str, list[list[float]]], dict[str, list[list[float]]], str, set[str]]:
+    """Per method, the training-loss curve and the validation curve of each finished seed."""
     curves: dict[str, list[list[float]]] = {}
     validation: dict[str, list[list[float]]] = {}
     metric = ""
@@ -142,35 +164,57 @@ def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | Non
             validation.setdefault(name, []).append([float(v) for v in selection.per_epoch])
             metric = selection.metric or metric
         protocols.add(result.protocol.name)
-    fig = Figure(figsize=(8, 8) if validation else (8, 5))
-    axes = fig.subplots(2, 1) if validation else [fig.subplots()]
-    ax = axes[0]
-    positive = all(v > 0 for runs in curves.values() for run in runs for v in run)
-    for panel, series in zip(axes, (curves, validation), strict=False):
-        for i, (method, runs) in enumerate(sorted(series.items())):
-            length = min(len(r) for r in runs)
-            values = np.array([r[:length] for r in runs])
-            epochs = np.arange(1, length + 1)
-            style = _style(sorted(curves).index(method) if method in curves else i)
-            label = method if len(runs) == 1 else f"{method} ({len(runs)} seeds)"
-            panel.plot(epochs, values.mean(0), label=label, ms=4, lw=1.6, **style)
-            if len(runs) > 1:
-                panel.fill_between(epochs, values.min(0), values.max(0), color=style["color"],
-                                   alpha=0.15)  # fmt: skip
-        panel.set_xlabel("epoch")
-        panel.grid(True, alpha=0.3)
+    return curves, validation, metric, protocols
+
+
+def _plot_runs(ax: Axes, name: str, runs: list[list[float]], style: dict[str, Any]) -> None:
+    """The mean over seeds, with a band from the lowest to the highest seed."""
+    length = min(len(r) for r in runs)
+    values = np.array([r[:length] for r in runs])
+    epochs = np.arange(1, length + 1)
+    label = name if len(runs) == 1 else f"{name} ({len(runs)} seeds)"
+    ax.plot(epochs, values.mean(0), label=label, ms=4, lw=1.6, **style)
+    if len(runs) > 1:
+        ax.fill_between(epochs, values.min(0), values.max(0), color=style["color"], alpha=0.15)
+
+
+def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | None = None) -> Path:
+    """Training loss against epoch from run results (results/runs/<protocol>/<method>/
+    seed<k>.json, `training.epoch_loss`): one panel per family of methods, one line per
+    method, the mean over its seeds (a band from the lowest to the highest seed when there
+    are several). Runs without a loss curve (failed, untrained) are left out. Log y where
+    every loss is positive, because the methods' losses differ by orders of magnitude. When
+    the runs selected on a validation split, a second column shows the selection metric per
+    epoch (the PDDM paper's Fig. 4)."""
+    curves, validation, metric, protocols = _read_curves(result_paths)
+    families = by_family(curves) or {"": []}
+    cols = 2 if validation else 1
+    fig = Figure(figsize=(8 * cols, 3.8 * len(families) + 0.6))
+    grid = np.atleast_2d(fig.subplots(len(families), cols, squeeze=False))
+    for r, (family, names) in enumerate(families.items()):
+        ax = grid[r][0]
+        for i, name in enumerate(names):
+            _plot_runs(ax, name, curves[name], _style(i))
+            if cols == 2 and name in validation:
+                _plot_runs(grid[r][1], name, validation[name], _style(i))
+        if names and all(v > 0 for n in names for run in curves[n] for v in run):
+            ax.set_yscale("log")
+        ax.set_ylabel("mean training loss over the epoch")
+        ax.set_title(f"{family}: training loss" if family else "training loss", fontsize=11)
+        if cols == 2:
+            grid[r][1].set_ylabel(f"validation {metric}")
+            grid[r][1].set_title(f"{family}: selection metric on the validation classes",
+                                 fontsize=11)  # fmt: skip
+        for panel in grid[r]:
+            panel.set_xlabel("epoch")
+            panel.grid(True, alpha=0.3)
+        if names:
+            grid[r][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False,
+                               fontsize=9)  # fmt: skip
     if not curves:
-        ax.text(0.5, 0.5, "no finished run with a training loss", ha="center", va="center",
-                transform=ax.transAxes)  # fmt: skip
-    if positive and curves:
-        ax.set_yscale("log")
-    ax.set_ylabel("mean training loss over the epoch")
-    ax.set_title(title or f"Training loss — {', '.join(sorted(protocols)) or 'no runs'}")
-    if validation:
-        axes[1].set_ylabel(f"validation {metric}")
-        axes[1].set_title("Model selection metric on the validation classes")
-    if curves:
-        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=9)
+        grid[0][0].text(0.5, 0.5, "no finished run with a training loss", ha="center",
+                        va="center", transform=grid[0][0].transAxes)  # fmt: skip
+    fig.suptitle(title or f"Training loss — {', '.join(sorted(protocols)) or 'no runs'}")
     fig.tight_layout()
     return _save(fig, out_png)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,7 @@ class Mined:
     distances the miner computed, the work that the cost measurements compare."""
 
     evaluated: int
+    family: ClassVar[str] = ""  # the method family whose miners return this type
 
     def count(self) -> int:
         return len(self.indices()[0])
@@ -88,6 +89,7 @@ class Mined:
 
 @dataclass
 class Pairs(Mined):
+    family: ClassVar[str] = "pairs"
     first: torch.Tensor
     second: torch.Tensor
     positive: torch.Tensor  # bool: same class
@@ -98,6 +100,7 @@ class Pairs(Mined):
 
 @dataclass
 class Triplets(Mined):
+    family: ClassVar[str] = "triplets"
     anchor: torch.Tensor
     positive: torch.Tensor
     negative: torch.Tensor
@@ -110,6 +113,8 @@ class Triplets(Mined):
 class Quadruplets(Mined):
     """(i, j) a positive pair, k a negative of i, l a negative of j (PDDM's hard quadruplet);
     hierarchical methods read them as (reference, same fine, same coarse, other coarse)."""
+
+    family: ClassVar[str] = "quadruplets"
 
     i: torch.Tensor
     j: torch.Tensor
@@ -159,11 +164,32 @@ def all_pairs(labels: torch.Tensor) -> Pairs:
     return Pairs(m * (m - 1) // 2, first, second, labels[first] == labels[second])
 
 
+# What a method's miner hands its loss; figures draw one panel per family, so that methods
+# of one kind are compared with each other. A Mined type names its family (Pairs: "pairs").
+FAMILIES = {
+    "pairs": "losses over pairs (and pair-based whole-batch losses)",
+    "triplets": "losses over triplets",
+    "quadruplets": "losses over quadruplets",
+    "proxies": "proxy or class-weight losses: no tuples mined from the batch",
+    "none": "no training",
+}
+
+
+def check_family(family: str) -> str:
+    if family not in FAMILIES:
+        raise HarnessError(
+            f"unknown method family {family!r}{closest(family, list(FAMILIES))}; "
+            f"known: {', '.join(FAMILIES)}"
+        )
+    return family
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
     version: int
     build: Callable[..., Method]
+    family: str
     paper: str = ""
     needs_coarse_labels: bool = False
     summary: str = ""
@@ -197,18 +223,30 @@ def protocol_hyperparameters(protocol: Protocol, name: str) -> dict[str, Any]:
     return METHODS.get(name).hyperparameters(protocol.method_overrides(name))
 
 
+def family_of(name: str) -> str:
+    """The family of a registered method; "other" for a name no longer registered (an old
+    result), so that figures still draw it."""
+    return METHODS.get(name).family if name in METHODS else "other"
+
+
 def register_method(
-    name: str, *, version: int, paper: str = "", needs_coarse_labels: bool = False
+    name: str,
+    *,
+    version: int,
+    family: str,
+    paper: str = "",
+    needs_coarse_labels: bool = False,
 ) -> Callable[[Callable[..., Method]], Callable[..., Method]]:
-    """Register `build(ctx, **hyperparameters) -> Method`; bump `version` when results change."""
+    """Register `build(ctx, **hyperparameters) -> Method`; bump `version` when results change.
+    `family` is one of FAMILIES: the kind of tuples its miner returns."""
+    check_family(family)
 
     def decorate(build: Callable[..., Method]) -> Callable[..., Method]:
         doc = (build.__doc__ or inspect.getmodule(build).__doc__ or "").strip()
+        summary = doc.splitlines()[0] if doc else ""
         METHODS.add(
             name,
-            MethodSpec(
-                name, version, build, paper, needs_coarse_labels, doc.splitlines()[0] if doc else ""
-            ),
+            MethodSpec(name, version, build, family, paper, needs_coarse_labels, summary),
         )
         return build
 

@@ -23,9 +23,9 @@ import yaml
 from harness.errors import HarnessError
 from harness.metrics import METRIC_NAMES
 from harness.registry import closest
+from harness.shipped import PROTOCOL_DIR
 
 SCHEMA_VERSION = 1
-PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "protocols"
 
 
 def _check(condition: bool, message: str) -> None:
@@ -314,12 +314,19 @@ def parse_protocol(data: Any, source: str) -> Protocol:
 
 
 def load_protocol(name_or_path: str) -> Protocol:
-    """Load a shipped protocol by name (protocols/NAME.yaml) or any YAML file by path."""
+    """Load a shipped protocol by name (protocols/NAME.yaml, in the clone or the installed
+    package) or any YAML file by path."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
         path = PROTOCOL_DIR / f"{name_or_path}.yaml"
         if not path.exists():
             known = protocol_names()
+            if not known:
+                raise HarnessError(
+                    f"no shipped protocols in {PROTOCOL_DIR}: the installation is incomplete; "
+                    "reinstall the package (pip install --force-reinstall dml-harness) or "
+                    "pass a path to a .yaml file"
+                )
             raise HarnessError(
                 f"unknown protocol {name_or_path!r}{closest(name_or_path, known)}; "
                 f"known: {', '.join(known)} (or pass a path to a .yaml file)"

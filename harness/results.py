@@ -32,11 +32,12 @@ import torch
 
 from harness.errors import HarnessError
 from harness.fingerprint import machine_fingerprint, package_versions
+from harness.shipped import source_tree
 
 RESULT_SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)  # 1: schema 2 without `sweep_seeds`; read as is
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (
+    "dml-harness",  # only when installed as a package (a clone records its git commit)
     "torch",
     "torchvision",
     "numpy",
@@ -361,10 +362,13 @@ def run_lock(path: Path) -> Iterator[bool]:
 
 
 def _git(*args: str) -> str:
+    """git's answer about the clone the harness runs from; empty when installed as a package
+    (a virtualenv inside some other clone must not record that clone's commit)."""
+    root = source_tree()
+    if root is None:
+        return ""
     try:
-        out = subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
-        )
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""

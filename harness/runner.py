@@ -315,6 +315,9 @@ def _execute(
     prepared = prepare_data(protocol, spec.data_root)
     data, split = prepared.data, prepared.split
     _describe_run(record, protocol, data, split, device)
+    log.debug("%s seed %d: protocol %s v%d from %s (hash %s), hyperparameters %s, device %s",
+              spec.method, spec.seed, protocol.name, protocol.version, protocol.path,
+              protocol.hash, hyper, device)  # fmt: skip
     if method_spec.needs_coarse_labels and not data.has_coarse:
         return _stop(record, path, "not_applicable",
                      f"{spec.method} needs coarse labels; {protocol.dataset.name} has none")  # fmt: skip

@@ -56,7 +56,7 @@ def mine_all_pairs(out: Embedded, batch: Batch) -> Pairs:
     return all_pairs(batch.labels)
 
 
-@register_method("binomial_deviance", version=1, paper="binomial_deviance_icpr2014")
+@register_method("binomial_deviance", family="pairs", version=1, paper="binomial_deviance_icpr2014")
 def build(
     ctx: MethodContext, *, alpha: float = 2.0, beta: float = 0.5, cost: float = 25.0
 ) -> Method:

@@ -41,7 +41,7 @@ def mine_all_pairs(out: Embedded, batch: Batch) -> Pairs:
     return all_pairs(batch.labels)
 
 
-@register_method("contrastive", version=2, paper="lifted_structure_cvpr2016")
+@register_method("contrastive", family="pairs", version=2, paper="lifted_structure_cvpr2016")
 def build(ctx: MethodContext, *, margin: float = 1.0) -> Method:
     return Method(
         head=EmbeddingHead(ctx.feature_dim, ctx.embedding_dim),

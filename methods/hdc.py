@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,7 @@ class CascadePairs(Mined):
     count() and indices() cover every head's pairs together (a pair trained by two heads
     counts twice); `evaluated` counts the pair losses the miner computed to rank them."""
 
+    family: ClassVar[str] = "pairs"
     heads: tuple[Pairs, ...]
 
     def count(self) -> int:  # without concatenating every head's pairs
@@ -151,7 +153,7 @@ def _stages(ctx: MethodContext, stages: list[int]) -> list[int]:
     return resolved
 
 
-@register_method("hdc_contrastive", version=2, paper="hdc_iccv2017")
+@register_method("hdc_contrastive", family="pairs", version=2, paper="hdc_iccv2017")
 def build(
     ctx: MethodContext,
     *,
@@ -177,7 +179,7 @@ def build(
     )
 
 
-@register_method("hdc_contrastive_independent", version=2, paper="hdc_iccv2017")
+@register_method("hdc_contrastive_independent", family="pairs", version=2, paper="hdc_iccv2017")
 def build_independent(
     ctx: MethodContext,
     *,

@@ -77,7 +77,7 @@ def mine_all_pairs(out: Embedded, batch: Batch) -> Pairs:
     return all_pairs(batch.labels)
 
 
-@register_method("histogram", version=1, paper="histogram_nips2016")
+@register_method("histogram", family="pairs", version=1, paper="histogram_nips2016")
 def build(ctx: MethodContext, *, delta: float = 0.01) -> Method:
     """Histogram loss (Ustinova & Lempitsky 2016): P(negative pair more similar than positive)
     from soft histograms of the batch's cosine similarities, bin step Delta."""

@@ -71,7 +71,7 @@ def mine_dense_matrix(out: Embedded, batch: Batch) -> Pairs:
     return all_pairs(batch.labels)
 
 
-@register_method("lifted_structure", version=2, paper="lifted_structure_cvpr2016")
+@register_method("lifted_structure", family="pairs", version=2, paper="lifted_structure_cvpr2016")
 def build(ctx: MethodContext, *, margin: float = 1.0, normalize: bool = False) -> Method:
     return Method(
         head=EmbeddingHead(ctx.feature_dim, ctx.embedding_dim, normalize=normalize),

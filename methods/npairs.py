@@ -83,7 +83,7 @@ class NPairsLoss(nn.Module):
         return npairs_loss(emb[pairs.first], emb[pairs.second], anchor_labels, self.reg_lambda)
 
 
-@register_method("npairs", version=1, paper="npairs_nips2016")
+@register_method("npairs", family="pairs", version=1, paper="npairs_nips2016")
 def build(ctx: MethodContext, *, reg_lambda: float = 0.002) -> Method:
     """Multi-class N-pair loss (Sohn 2016): one pair per class, other classes' positives as
     negatives, L2 penalty on the unnormalised embeddings."""

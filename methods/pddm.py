@@ -238,7 +238,7 @@ def _e_e(beta: float) -> EmbeddingLoss:
     return lambda dist, q: double_header_loss(dist, q, beta)
 
 
-@register_method("pddm_quadruplet", version=3, paper="pddm_nips2016")
+@register_method("pddm_quadruplet", family="quadruplets", version=3, paper="pddm_nips2016")
 def build_quadruplet(
     ctx: MethodContext,
     *,
@@ -252,7 +252,7 @@ def build_quadruplet(
     return _pddm(ctx, alpha, lam, dropout, quadruplets_per_batch, _e_e(beta))
 
 
-@register_method("pddm_score", version=3, paper="pddm_nips2016")
+@register_method("pddm_score", family="quadruplets", version=3, paper="pddm_nips2016")
 def build_score(
     ctx: MethodContext,
     *,
@@ -266,7 +266,7 @@ def build_score(
     return _pddm(ctx, alpha, lam, dropout, quadruplets_per_batch, _e_e(beta), by_score=True)
 
 
-@register_method("lmdm_score", version=3, paper="pddm_nips2016")
+@register_method("lmdm_score", family="quadruplets", version=3, paper="pddm_nips2016")
 def build_lmdm(
     ctx: MethodContext,
     *,
@@ -282,7 +282,7 @@ def build_lmdm(
     )
 
 
-@register_method("pddm_triplet", version=3, paper="pddm_nips2016")
+@register_method("pddm_triplet", family="quadruplets", version=3, paper="pddm_nips2016")
 def build_triplet(
     ctx: MethodContext,
     *,
@@ -300,7 +300,7 @@ def build_triplet(
     return _pddm(ctx, alpha, lam, dropout, quadruplets_per_batch, e_t)
 
 
-@register_method("quadruplet_euclidean", version=3, paper="pddm_nips2016")
+@register_method("quadruplet_euclidean", family="quadruplets", version=3, paper="pddm_nips2016")
 def build_euclidean(
     ctx: MethodContext,
     *,

@@ -192,7 +192,7 @@ def _register(name: str, miner: Miner, summary: str) -> None:
         return _build(ctx, miner, weights, margins, mean_weight)
 
     build.__doc__ = summary
-    register_method(name, version=2, paper="quadruplet_selection_icip2019",
+    register_method(name, family="quadruplets", version=2, paper="quadruplet_selection_icip2019",
                     needs_coarse_labels=True)(build)  # fmt: skip
 
 

@@ -46,7 +46,7 @@ class TripletLoss(nn.Module):
         return self.loss(out.embedding, batch.labels, mined.indices())
 
 
-@register_method("triplet", version=1, paper="facenet_cvpr2015")
+@register_method("triplet", family="triplets", version=1, paper="facenet_cvpr2015")
 def build(ctx: MethodContext, *, margin: float = 0.2) -> Method:
     return Method(
         head=EmbeddingHead(ctx.feature_dim, ctx.embedding_dim),

@@ -89,7 +89,7 @@ class TripletGlobalLoss(nn.Module):
         return triplet_term + global_term  # L_t + L_g
 
 
-@register_method("triplet_global", version=2, paper="global_loss_cvpr2016")
+@register_method("triplet_global", family="triplets", version=2, paper="global_loss_cvpr2016")
 def build(
     ctx: MethodContext,
     *,

@@ -21,6 +21,6 @@ class BackboneFeatures(nn.Module):
         return Embedded(F.normalize(x, dim=1) if self.normalize else x)
 
 
-@register_method("untrained", version=1, paper="hdc_iccv2017")
+@register_method("untrained", family="none", version=1, paper="hdc_iccv2017")
 def build(ctx: MethodContext, *, normalize: bool = False) -> Method:
     return Method(head=BackboneFeatures(normalize))

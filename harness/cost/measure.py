@@ -96,12 +96,12 @@ def _setup(
     return _Setup(protocol, prepared, device, seed, hyper, context, synthetic)
 
 
-def _method_entry(name: str, version: int, hyper: dict[str, Any]) -> dict[str, Any]:
+def _method_entry(name: str, version: int, family: str, hyper: dict[str, Any]) -> dict[str, Any]:
     """Every key present from the start, so not-applicable and failed methods keep the
     schema (None: nothing measured)."""
     empty = fit_summary(dict.fromkeys(("evaluated", "tuples", "mining_time", "loss_time"),
                                       PowerFit(None, None, None, None, [], "none")))  # fmt: skip
-    return {"method": name, "version": version, "hyperparameters": hyper,
+    return {"method": name, "version": version, "family": family, "hyperparameters": hyper,
             "status": "ok", "reason": None, **empty, "has_miner": None, "fits": None,
             "measurements": [], "throughput": None}  # fmt: skip
 
@@ -114,7 +114,7 @@ def _measure_method(
     from harness.method import METHODS
 
     spec, protocol = METHODS.get(name), setup.protocol
-    entry = _method_entry(name, spec.version, setup.hyper[name])
+    entry = _method_entry(name, spec.version, spec.family, setup.hyper[name])
     try:
         method = setup.synthetic_method(name)
         if not method.trains:

@@ -130,7 +130,10 @@ def overhead_line(record: dict[str, Any]) -> str:
 def cost_section(results_dir: Path) -> str:
     """Markdown for the leaderboard: one "Cost" table per results/cost/<protocol>.json, with
     the harness-overhead line and a link to the figure (relative to results_dir, where
-    LEADERBOARD.md lives). Empty string when nothing was measured."""
+    LEADERBOARD.md lives), whose figure is redrawn from the record. Empty string when
+    nothing was measured."""
+    from harness.figures import cost_figure
+
     results_dir = Path(results_dir)
     paths = sorted((results_dir / "cost").glob("*.json"))
     if not paths:
@@ -139,6 +142,7 @@ def cost_section(results_dir: Path) -> str:
     for path in paths:
         record = read_cost(path)
         p, s = record["protocol"], record["settings"]
+        cost_figure(record, figure_path(results_dir, p["name"]))
         env = record.get("environment", {})
         hw = env.get("hardware", {})
         lines += [

@@ -8,17 +8,13 @@ percent like every other metric.
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from harness.errors import HarnessError
 from harness.registry import closest
-
-REFERENCE_FILE = (
-    Path(__file__).resolve().parents[2] / "protocols" / "reference" / "paper_results.yaml"
-)
+from harness.shipped import REFERENCE_FILE
 
 
 @cache

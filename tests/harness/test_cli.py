@@ -89,6 +89,26 @@ def test_ls_json_lists_everything():
     assert {"glyphs", "omniglot"} <= set(listing["datasets"])
 
 
+def test_global_options_before_or_after_the_subcommand(tmp_path: Path):
+    """-q silences the per-run lines and -v adds debug lines, before or after the subcommand."""
+    base = ["run", "--protocol", "smoke", "--method", "untrained", "--force", "--results-dir"]
+    quiet = cli(*base, str(tmp_path / "q"), "-q")
+    verbose = cli("-v", *base, str(tmp_path / "v"))
+    assert quiet.returncode == 0 and verbose.returncode == 0, quiet.stderr + verbose.stderr
+    assert "[1/1]" not in quiet.stderr and "hyperparameters" not in quiet.stderr
+    assert "[1/1]" in verbose.stderr and "hyperparameters {'normalize'" in verbose.stderr
+    assert_one_line_error(cli("-q", "ls", "-v"), "-q and -v")
+
+
+def test_program_name_follows_the_entry_point(monkeypatch: pytest.MonkeyPatch):
+    from harness.cli import program_name
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/dml-harness", "ls"])
+    assert program_name() == "dml-harness"
+    monkeypatch.setattr(sys, "argv", [str(REPO / "harness" / "__main__.py"), "ls"])
+    assert program_name() == "python -m harness"
+
+
 def test_evaluate_all_vs_all_and_query_gallery(tmp_path: Path):
     emb = np.array([[0.0], [0.1], [5.0], [5.2]], dtype=np.float32)
     labels = np.array([0, 0, 1, 1])

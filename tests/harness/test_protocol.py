@@ -80,3 +80,31 @@ def test_missing_key_and_malformed_yaml(tmp_path: Path):
 def test_unknown_protocol_name_suggests():
     with pytest.raises(HarnessError, match="did you mean 'smoke'"):
         load_protocol("smokee")
+
+
+def test_an_installation_without_protocols_says_so(tmp_path: Path, monkeypatch):
+    import harness.protocol
+
+    monkeypatch.setattr(harness.protocol, "PROTOCOL_DIR", tmp_path)
+    with pytest.raises(HarnessError, match="no shipped protocols in .*installation is incomplete"):
+        load_protocol("smoke")
+    assert load_protocol(str(PROTOCOL_DIR / "smoke.yaml")).name == "smoke"  # a path still works
+
+
+def test_the_clone_finds_its_own_protocols_and_git_history():
+    from harness.results import _git
+    from harness.shipped import REFERENCE_FILE, source_tree
+
+    repo = Path(__file__).resolve().parents[2]
+    assert PROTOCOL_DIR == repo / "protocols" and REFERENCE_FILE.is_file()
+    assert source_tree() == repo
+    if (repo / ".git").exists():
+        assert len(_git("rev-parse", "HEAD")) == 40
+
+
+def test_an_installed_harness_records_no_git_commit(monkeypatch):
+    """A virtualenv inside some other clone must not record that clone's commit."""
+    import harness.results
+
+    monkeypatch.setattr(harness.results, "source_tree", lambda: None)
+    assert harness.results._git("rev-parse", "HEAD") == ""

@@ -12,7 +12,7 @@ import torch
 
 import methods  # noqa: F401
 from harness.errors import HarnessError
-from harness.method import METHODS, Batch, MethodContext
+from harness.method import METHODS, Batch, MethodContext, register_method
 from harness.registry import Registry
 from harness.runner import RunSpec, execute
 
@@ -47,6 +47,28 @@ def test_training_changes_the_embedding(name: str):
     loss = method.loss(out, batch, mined)
     loss.backward()
     assert features[0].grad is not None and features[0].grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_declared_family_is_what_the_miner_returns(name: str):
+    """The family the figures group a method by is the kind of tuples its miner hands the
+    loss; a method with nothing to mine declares "proxies" (trains) or "none" (does not)."""
+    spec = METHODS.get(name)
+    method = spec.build(MethodContext((8,), 4, 3, 2))
+    if method.miner is None:
+        assert spec.family == ("proxies" if method.trains else "none")
+        return
+    torch.manual_seed(0)
+    labels = torch.arange(3).repeat_interleave(4)
+    batch = Batch(labels, torch.tensor([0, 0, 1]).repeat_interleave(4))
+    with torch.no_grad():
+        mined = method.miner(method.head([torch.randn(12, 8)]), batch)
+    assert type(mined).family == spec.family
+
+
+def test_unknown_family_is_refused_with_a_suggestion():
+    with pytest.raises(HarnessError, match="unknown method family 'pair' \\(did you mean 'pairs'"):
+        register_method("x", version=1, family="pair")
 
 
 def test_hyperparameter_overrides_are_checked():

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import methods  # noqa: F401
 from harness.cli import build_parser, cmd_cost
@@ -20,7 +21,7 @@ from harness.cost import (
 )
 from harness.errors import HarnessError
 from harness.evaluate import distance_histogram
-from harness.figures import cost_figure, distance_histograms, training_curve
+from harness.figures import by_family, cost_figure, distance_histograms, training_curve
 from harness.method import METHODS, MethodContext
 from harness.protocol import load_protocol
 
@@ -227,6 +228,26 @@ def test_figures_are_written(tmp_path: Path):
     }  # fmt: skip
     cost = cost_figure(record, tmp_path / "cost.png")
     assert cost.read_bytes().startswith(PNG) and cost.stat().st_size > 5000
+
+
+def test_figures_draw_one_row_per_family(tmp_path: Path):
+    """Methods are grouped by family (the record's, else the registry's; "other" for a name no
+    longer registered), so the cost figure grows a row per family, not a line per colour."""
+    families = by_family(["triplet", "contrastive", "gone", "npairs", "x"], {"x": "quadruplets"})
+    assert families == {"pairs": ["contrastive", "npairs"], "triplets": ["triplet"],
+                        "quadruplets": ["x"], "other": ["gone"]}  # fmt: skip
+    cells = [{"batch_size": m, "mining_ms": 0.01 * m, "loss_ms": 1e-3 * m * m, "evaluated": m * m}
+             for m in (8, 16, 32)]  # fmt: skip
+    heights = []
+    for names in (["contrastive", "npairs"], ["contrastive", "triplet", "pddm_quadruplet"]):
+        record = {
+            "protocol": {"name": "t", "version": 1},
+            "settings": {"batch_sizes": [8, 16, 32], "images_per_class": 4, "repeats": 1},
+            "methods": [{"method": n, "status": "ok", "measurements": cells} for n in names],
+        }
+        with Image.open(cost_figure(record, tmp_path / f"{len(names)}.png")) as image:
+            heights.append(image.height)
+    assert heights[1] > 2.5 * heights[0]  # three rows against one
 
 
 def test_protocols_used_here_have_k_four():
