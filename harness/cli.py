@@ -247,6 +247,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         ],
         "protocols": [],
         "datasets": DATASETS.names(),
+        "method_prefixes": METHODS.prefixes(),
     }  # fmt: skip
     from harness.shipped import PROTOCOL_DIR
 
@@ -267,6 +268,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             extra = item.get("summary") or item.get("description") or ""
             print(f"  {item['name']:<{width}}  {extra}")
     print("datasets:\n  " + "\n  ".join(listing["datasets"]))
+    for prefix, names in listing["method_prefixes"].items():
+        print(f"{prefix}: methods (--method {prefix}:<Class>[+<Class>]):\n  " + " ".join(names))
     return 0
 
 

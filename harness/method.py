@@ -138,6 +138,10 @@ class Method:
     # Extras of the head's Embedded that evaluation also scores alone (a cascade's heads);
     # the result records them under metrics_by_part, ranked by Euclidean distance.
     sub_embeddings: tuple[str, ...] = ()
+    # The loss's own parameters (proxies, class weights, learned margins) train at this
+    # multiple of the protocol's learning rate (Proxy-Anchor: 100); declare it as a
+    # hyperparameter so that results record it.
+    loss_lr_multiplier: float = 1.0
 
     @property
     def trains(self) -> bool:
@@ -171,6 +175,7 @@ FAMILIES = {
     "triplets": "losses over triplets",
     "quadruplets": "losses over quadruplets",
     "proxies": "proxy or class-weight losses: no tuples mined from the batch",
+    "batch": "whole-batch losses (listwise, NCA-like) that mine no tuples",
     "none": "no training",
 }
 

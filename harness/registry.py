@@ -28,6 +28,23 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        # "prefix:rest" names built on demand (e.g. any library class by name); they are not
+        # among names(), so "every registered entry" stays the first-class ones
+        self._resolvers: dict[str, tuple[Callable[[str], T], Callable[[], list[str]]]] = {}
+        self._resolved: dict[str, T] = {}
+
+    def add_resolver(
+        self, prefix: str, resolve: Callable[[str], T], listing: Callable[[], list[str]]
+    ) -> None:
+        """Entries named `prefix:rest`, built by resolve(rest) on first use (it raises
+        HarnessError for a rest it cannot build); listing() says which rests exist."""
+        if prefix in self._resolvers:
+            raise ValueError(f"{self.kind} prefix {prefix!r} is registered twice")
+        self._resolvers[prefix] = (resolve, listing)
+
+    def prefixes(self) -> dict[str, list[str]]:
+        """Each resolver prefix with what it can build."""
+        return {prefix: listing() for prefix, (_, listing) in sorted(self._resolvers.items())}
 
     def add(self, name: str, entry: T) -> T:
         if name in self._entries:
@@ -44,6 +61,11 @@ class Registry(Generic[T]):
         return decorate
 
     def get(self, name: str) -> T:
+        prefix, _, rest = name.partition(":")
+        if name not in self._entries and rest and prefix in self._resolvers:
+            if name not in self._resolved:
+                self._resolved[name] = self._resolvers[prefix][0](rest)
+            return self._resolved[name]
         if name not in self._entries:
             known = sorted(self._entries)
             raise HarnessError(
@@ -55,7 +77,16 @@ class Registry(Generic[T]):
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        """First-class entries, and prefixed ones that resolve."""
+        if name in self._entries or name in self._resolved:
+            return True
+        if not isinstance(name, str) or name.partition(":")[0] not in self._resolvers:
+            return False
+        try:
+            self.get(name)
+        except HarnessError:
+            return False
+        return True
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -11,6 +11,7 @@ empty-step policy belong to the loop that calls the step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +38,20 @@ def trainable_modules(backbone: nn.Module, method: Method) -> nn.ModuleList:
     """The modules one optimizer updates, in a fixed order (their state_dict keys depend on
     it): backbone, head, then the loss's own parameters if it has any."""
     return nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
+
+
+def parameter_groups(backbone: nn.Module, method: Method) -> list[dict[str, Any]]:
+    """The trainable parameters as optimizer groups: all at the protocol's learning rate, or,
+    when the method asks (Method.loss_lr_multiplier), the loss's own parameters (proxies,
+    class weights) in a second group at that multiple; `lr_scale` carries the multiple."""
+    params = [p for p in trainable_modules(backbone, method).parameters() if p.requires_grad]
+    scale = float(method.loss_lr_multiplier)
+    own = [p for p in method.loss.parameters() if p.requires_grad] if method.loss else []
+    if scale == 1.0 or not own:
+        return [{"params": params, "lr_scale": 1.0}]
+    mine = {id(p) for p in own}
+    rest = [p for p in params if id(p) not in mine]
+    return [{"params": rest, "lr_scale": 1.0}, {"params": own, "lr_scale": scale}]
 
 
 def detach_outputs(

@@ -30,7 +30,7 @@ from harness.backbones import Backbone
 from harness.method import Method
 from harness.protocol import Protocol
 from harness.sampler import PKSampler
-from harness.step import StepResult, TrainingStep, trainable_modules
+from harness.step import StepResult, TrainingStep, parameter_groups, trainable_modules
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,20 @@ class TrainStats:
         }
 
 
-def make_optimizer(params: list[nn.Parameter], protocol: Protocol) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: list[nn.Parameter] | list[dict[str, Any]], protocol: Protocol
+) -> torch.optim.Optimizer:
+    """The protocol's optimizer over parameters or groups (harness.step.parameter_groups);
+    a group's `lr_scale` multiplies the protocol's learning rate."""
     spec = protocol.optimizer
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    groups = [{**g, "lr": spec.lr * g.get("lr_scale", 1.0)} for g in groups]
     if spec.name == "sgd":
         return torch.optim.SGD(
-            params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+            groups, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
         )
     cls = torch.optim.AdamW if spec.name == "adamw" else torch.optim.Adam
-    return cls(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    return cls(groups, lr=spec.lr, weight_decay=spec.weight_decay)
 
 
 def lr_factor(protocol: Protocol, epoch: float, total_epochs: float) -> float:
@@ -146,8 +152,7 @@ class TrainingState:
         spec = protocol.sampler
         self.sampler = PKSampler(labels, spec.classes_per_batch, spec.images_per_class, seed)
         self.modules = trainable_modules(backbone, method)
-        params = [p for p in self.modules.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(params, protocol)
+        self.optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
         self.device = device
         self.stats = TrainStats()
         self.best_state: dict[str, Any] | None = None
@@ -228,7 +233,7 @@ class _Session:
     def set_learning_rate(self, step: int) -> None:
         factor = lr_factor(self.protocol, step / self.per_epoch, self.total / self.per_epoch)
         for group in self.state.optimizer.param_groups:
-            group["lr"] = self.protocol.optimizer.lr * factor
+            group["lr"] = self.protocol.optimizer.lr * factor * group.get("lr_scale", 1.0)
 
     def train_step(self, step: int) -> None:
         """One step at the schedule's learning rate, counted; the empty-step policy."""

@@ -14,6 +14,16 @@ MODULES = (
     "triplet_global",
     "hdc",
     "quadruplet_selection",
+    "proxy_anchor",
+    "proxy_nca",
+    "multi_similarity",
+    "arcface",
+    "normalized_softmax",
+    "soft_triple",
+    "circle",
+    "supcon",
+    "margin",
+    "_pml",  # the pml:<LossClass>[+<MinerClass>] names (imported by the PML methods anyway)
 )
 
 for _name in MODULES:

@@ -81,7 +81,13 @@ def _bare_loop(
     from harness.train import make_optimizer, save_checkpoint
 
     modules = nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
-    optimizer = make_optimizer([p for p in modules.parameters() if p.requires_grad], protocol)
+    groups = [p for p in modules.parameters() if p.requires_grad]
+    if method.loss_lr_multiplier != 1.0:  # the same groups as the harness, written out
+        own = {id(p) for p in method.loss.parameters()}
+        groups = [{"params": [p for p in groups if id(p) not in own]},
+                  {"params": [p for p in groups if id(p) in own],
+                   "lr_scale": method.loss_lr_multiplier}]  # fmt: skip
+    optimizer = make_optimizer(groups, protocol)
     modules.train()
     timer = PhaseTimer(device)
     phase = timer.phase if "timers" in extras else (lambda name: contextlib.nullcontext())
@@ -89,7 +95,7 @@ def _bare_loop(
     for step, idx in enumerate(batches):
         if "lr" in extras:
             for group in optimizer.param_groups:
-                group["lr"] = protocol.optimizer.lr
+                group["lr"] = protocol.optimizer.lr * group.get("lr_scale", 1.0)
         x = backbone.prepare(images[idx].to(device, non_blocking=True))
         idx_dev = idx.to(device)
         batch = Batch(labels_t[idx_dev], None if coarse_t is None else coarse_t[idx_dev])

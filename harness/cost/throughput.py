@@ -41,7 +41,7 @@ def measure_throughput(
 
     from harness.runner import contiguous
     from harness.sampler import PKSampler
-    from harness.step import TrainingStep, trainable_modules
+    from harness.step import TrainingStep, parameter_groups, trainable_modules
     from harness.train import make_optimizer
 
     data, split = prepared.data, prepared.split
@@ -51,7 +51,7 @@ def measure_throughput(
         labels, protocol.sampler.classes_per_batch, protocol.sampler.images_per_class, seed
     )
     modules = trainable_modules(backbone, method)
-    optimizer = make_optimizer([p for p in modules.parameters() if p.requires_grad], protocol)
+    optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
     modules.train()
     step = TrainingStep(backbone, method, optimizer, data.images[split.train], labels, coarse,
                         device, split_backward=True)  # fmt: skip
