@@ -4,8 +4,9 @@ Sampling: for each anchor-positive pair a negative drawn with probability propor
 the inverse of the density of pairwise distances on the unit sphere, q(d)^-1, with
 d clipped below at 0.5 and negatives beyond 1.4 (zero loss) left out.
 Loss per triplet: [alpha + (D_ap - beta_y)]_+ + [alpha - (D_an - beta_y)]_+, alpha = 0.2,
-beta learned per class from 1.2 (nu = 0: no regulariser on beta), averaged over the
-triplets with a non-zero term. pytorch-metric-learning's DistanceWeightedMiner and MarginLoss.
+beta learned per class from 1.2 (nu = 0: no regulariser on beta); the terms summed over the
+triplets and divided by the number of non-zero terms. pytorch-metric-learning's
+DistanceWeightedMiner and MarginLoss.
 """
 
 from __future__ import annotations
