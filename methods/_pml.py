@@ -41,7 +41,8 @@ def to_tuples(indices: tuple[torch.Tensor, ...], evaluated: int) -> Pairs | Trip
     """PML's (a1, p, a2, n) pairs or (a, p, n) triplets as typed tuples."""
     if len(indices) == 4:
         a1, p, a2, n = indices
-        positive = torch.cat([torch.ones_like(a1, dtype=torch.bool), torch.zeros_like(a2, dtype=torch.bool)])  # fmt: skip
+        positive = torch.cat([torch.ones_like(a1, dtype=torch.bool),
+                              torch.zeros_like(a2, dtype=torch.bool)])  # fmt: skip
         return Pairs(evaluated, torch.cat([a1, a2]), torch.cat([p, n]), positive)
     a, p, n = indices
     return Triplets(evaluated, a, p, n)
@@ -137,11 +138,17 @@ def _lookup(name: str, classes: dict[str, type], kind: str) -> type:
     return classes[name]
 
 
-def _family(loss_cls: type, miner: Any) -> tuple[str, Any]:
-    """The family and the harness-side miner of a PML loss (and optional PML miner)."""
-    if miner is not None:  # pairs or triplets: ask the miner on a tiny batch
-        probe = miner(torch.randn(12, 8), torch.arange(3).repeat_interleave(4))
-        return ("pairs" if len(probe) == 4 else "triplets"), miner
+def _miner_family(miner: Any) -> str:
+    """Pairs or triplets: asked of the miner on a tiny batch, with the global RNG untouched
+    (a sampling miner draws from it; a run's seeded stream must not depend on this)."""
+    with torch.random.fork_rng(devices=[]):
+        gen = torch.Generator().manual_seed(0)
+        probe = miner(torch.randn(12, 8, generator=gen), torch.arange(3).repeat_interleave(4))
+    return "pairs" if len(probe) == 4 else "triplets"
+
+
+def _loss_family(loss_cls: type) -> tuple[str, Any]:
+    """The family of a PML loss used without a miner, and the harness-side miner for it."""
     params = inspect.signature(loss_cls.__init__).parameters.values()
     if any(p.name in SHAPE_ARGS and p.default is p.empty for p in params):
         return "proxies", None  # one weight vector (or several) per class
@@ -160,22 +167,18 @@ def resolve_pml(rest: str) -> MethodSpec:
     miner_cls = _lookup(miner_name, _classes(miners, "Miner"), "miner") if miner_name else None
     defaults = {**_keywords(loss_cls), **(_keywords(miner_cls, "miner_") if miner_cls else {}),
                 "loss_lr_multiplier": 1.0}  # fmt: skip
-    family, _ = _family(loss_cls, miner_cls() if miner_cls else None)
+    family = _miner_family(miner_cls()) if miner_cls else _loss_family(loss_cls)[0]
 
     def build(ctx: MethodContext, **hyper: Any) -> Method:
         hyper = {**defaults, **hyper}
         lr = hyper.pop("loss_lr_multiplier")
         loss_kw = {k: v for k, v in hyper.items() if not k.startswith("miner_")}
         miner_kw = {k[6:]: v for k, v in hyper.items() if k.startswith("miner_")}
-        missing = [k for k, v in hyper.items() if v is inspect.Parameter.empty]
-        if missing:
-            raise HarnessError(f"pml:{rest} needs {', '.join(missing)}: set them under "
-                               f"methods: \"pml:{rest}\": in the protocol")  # fmt: skip
         shape = {"num_classes": ctx.num_classes, "embedding_size": ctx.embedding_dim,
                  "descriptors_dim": ctx.embedding_dim}  # fmt: skip
         wanted = set(inspect.signature(loss_cls.__init__).parameters)
         loss = loss_cls(**{k: v for k, v in shape.items() if k in wanted}, **loss_kw)
-        _, miner = _family(loss_cls, miner_cls(**miner_kw) if miner_cls else None)
+        miner = miner_cls(**miner_kw) if miner_cls else _loss_family(loss_cls)[1]
         return pml_method(ctx, loss, miner, lr)
 
     params = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v)
