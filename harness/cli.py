@@ -308,6 +308,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
+    _load_methods()  # the figures group methods by the family their registry entry declares
     from harness.leaderboard import write_leaderboard
 
     print(write_leaderboard(Path(args.results_dir)))

@@ -100,6 +100,29 @@ def test_global_options_before_or_after_the_subcommand(tmp_path: Path):
     assert_one_line_error(cli("-q", "ls", "-v"), "-q and -v")
 
 
+def test_leaderboard_command_draws_one_panel_row_per_family(tmp_path: Path):
+    """The command must load the methods: without their registry every method is "other"."""
+    from PIL import Image
+
+    import methods  # noqa: F401
+    from harness.figures import training_curve
+
+    paths = []
+    for name in ("contrastive", "triplet"):
+        path = tmp_path / "runs" / "default" / name / "seed0.json"
+        path.parent.mkdir(parents=True)
+        path.write_text((REPO / "results" / "runs" / "default" / name / "seed0.json").read_text())
+        paths.append(path)
+    proc = cli("leaderboard", "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    expected = training_curve(paths, tmp_path / "expected.png")
+    with (
+        Image.open(tmp_path / "figures" / "training_default.png") as got,
+        Image.open(expected) as e,
+    ):
+        assert got.height == e.height  # two rows: pairs and triplets
+
+
 def test_program_name_follows_the_entry_point(monkeypatch: pytest.MonkeyPatch):
     from harness.cli import program_name
 
