@@ -96,6 +96,13 @@ def _setup(
     return _Setup(protocol, prepared, device, seed, hyper, context, synthetic)
 
 
+# What a method with no miner does instead, by family: the cost table's note
+NO_MINER = {
+    "proxies": "no miner: the loss scores the m embeddings against the C classes' weights, O(m C)",
+    "batch": "no miner: the loss reads the whole batch's similarities at once",
+}
+
+
 def _method_entry(name: str, version: int, family: str, hyper: dict[str, Any]) -> dict[str, Any]:
     """Every key present from the start, so not-applicable and failed methods keep the
     schema (None: nothing measured)."""
@@ -130,6 +137,8 @@ def _measure_method(
         )  # fmt: skip
         fitted = fits(cells)
         entry.update(fit_summary(fitted), has_miner=method.miner is not None, measurements=cells)
+        if method.miner is None:
+            entry["reason"] = NO_MINER.get(spec.family)
         entry["fits"] = {key: f.as_dict() for key, f in fitted.items()}
         if spec.needs_coarse_labels and not setup.prepared.data.has_coarse:
             entry["reason"] = f"{protocol.dataset.name} has no coarse labels: no throughput"

@@ -253,3 +253,15 @@ def test_figures_draw_one_row_per_family(tmp_path: Path):
 def test_protocols_used_here_have_k_four():
     """The sizes above assume the smoke protocol's K = 4."""
     assert load_protocol("smoke").sampler.images_per_class == 4
+
+
+def test_a_method_without_a_miner_says_what_its_loss_scores_instead():
+    from harness.cost import measure_cost
+
+    record = measure_cost(load_protocol("smoke"), ["proxy_anchor", "contrastive"], [8, 16],
+                          device=torch.device("cpu"), repeats=1, steps=1, overhead=False)  # fmt: skip
+    notes = {e["method"]: e["reason"] for e in record["methods"]}
+    assert notes["proxy_anchor"].startswith("no miner") and "O(m C)" in notes["proxy_anchor"]
+    assert notes["contrastive"] is None
+    assert {e["method"]: e["family"] for e in record["methods"]} == {
+        "proxy_anchor": "proxies", "contrastive": "pairs"}  # fmt: skip
