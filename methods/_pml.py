@@ -167,7 +167,8 @@ def resolve_pml(rest: str) -> MethodSpec:
     miner_cls = _lookup(miner_name, _classes(miners, "Miner"), "miner") if miner_name else None
     defaults = {**_keywords(loss_cls), **(_keywords(miner_cls, "miner_") if miner_cls else {}),
                 "loss_lr_multiplier": 1.0}  # fmt: skip
-    family = _miner_family(miner_cls()) if miner_cls else _loss_family(loss_cls)[0]
+    # the family and, with no PML miner, the harness-side one: read once, not per build
+    family, own_miner = (_miner_family(miner_cls()), None) if miner_cls else _loss_family(loss_cls)
 
     def build(ctx: MethodContext, **hyper: Any) -> Method:
         hyper = {**defaults, **hyper}
@@ -178,7 +179,7 @@ def resolve_pml(rest: str) -> MethodSpec:
                  "descriptors_dim": ctx.embedding_dim}  # fmt: skip
         wanted = set(inspect.signature(loss_cls.__init__).parameters)
         loss = loss_cls(**{k: v for k, v in shape.items() if k in wanted}, **loss_kw)
-        miner = miner_cls(**miner_kw) if miner_cls else _loss_family(loss_cls)[1]
+        miner = miner_cls(**miner_kw) if miner_cls else own_miner
         return pml_method(ctx, loss, miner, lr)
 
     params = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v)

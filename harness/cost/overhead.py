@@ -77,17 +77,12 @@ def _bare_loop(
     from tqdm import tqdm
 
     from harness.method import Batch
+    from harness.step import parameter_groups
     from harness.timing import PhaseTimer
     from harness.train import make_optimizer, save_checkpoint
 
     modules = nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
-    groups = [p for p in modules.parameters() if p.requires_grad]
-    if method.loss_lr_multiplier != 1.0:  # the same groups as the harness, written out
-        own = {id(p) for p in method.loss.parameters()}
-        groups = [{"params": [p for p in groups if id(p) not in own]},
-                  {"params": [p for p in groups if id(p) in own],
-                   "lr_scale": method.loss_lr_multiplier}]  # fmt: skip
-    optimizer = make_optimizer(groups, protocol)
+    optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
     modules.train()
     timer = PhaseTimer(device)
     phase = timer.phase if "timers" in extras else (lambda name: contextlib.nullcontext())
