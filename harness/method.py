@@ -15,6 +15,7 @@ evaluation; the method owns only what its paper adds:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from torch import nn
 
 from harness.errors import HarnessError
 from harness.registry import Registry, closest
+from harness.search import SearchSpace, check_space
 
 if TYPE_CHECKING:
     from harness.protocol import Protocol
@@ -198,6 +200,8 @@ class MethodSpec:
     paper: str = ""
     needs_coarse_labels: bool = False
     summary: str = ""
+    # What `harness tune` may try (harness.search): hyperparameter name -> Float/Int/Choice.
+    search: dict[str, Any] = field(default_factory=dict)
 
     def defaults(self) -> dict[str, Any]:
         """The paper's hyperparameters: the build function's keyword defaults."""
@@ -241,18 +245,19 @@ def register_method(
     family: str,
     paper: str = "",
     needs_coarse_labels: bool = False,
+    search: SearchSpace | None = None,
 ) -> Callable[[Callable[..., Method]], Callable[..., Method]]:
     """Register `build(ctx, **hyperparameters) -> Method`; bump `version` when results change.
-    `family` is one of FAMILIES: the kind of tuples its miner returns."""
+    `family` is one of FAMILIES: the kind of tuples its miner returns; `search` the ranges
+    `harness tune` may try (harness.search), each holding the paper default."""
     check_family(family)
 
     def decorate(build: Callable[..., Method]) -> Callable[..., Method]:
         doc = (build.__doc__ or inspect.getmodule(build).__doc__ or "").strip()
         summary = doc.splitlines()[0] if doc else ""
-        METHODS.add(
-            name,
-            MethodSpec(name, version, build, family, paper, needs_coarse_labels, summary),
-        )
+        spec = MethodSpec(name, version, build, family, paper, needs_coarse_labels, summary)
+        space = check_space(name, dict(search or {}), spec.defaults())
+        METHODS.add(name, dataclasses.replace(spec, search=space))
         return build
 
     return decorate
