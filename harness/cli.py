@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-steps", type=positive_int, help="cap training steps (smoke runs)")
     run.add_argument("--results-dir", default="results", help="default: results")
     run.add_argument("--force", action="store_true", help="rerun even if a result exists")
+    run.add_argument("--tuned", action="store_true", help="use the configuration `tune` found "
+                     "(results-dir/tuning/<protocol>/<method>.yaml) instead of the paper's")  # fmt: skip
     run.add_argument(
         "--weights", help="local ImageNet weights file (a torchvision state_dict) for a "
         "pretrained backbone, for machines that cannot download them",
@@ -117,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("paths", nargs="*", help="default: every shipped protocol")
 
     add_data_parser(sub)
+    from harness import tune, verdicts
+
+    verdicts.add_parser(sub)
+    tune.add_parser(sub)
     return parser
 
 
@@ -206,6 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         results_dir=args.results_dir,
         force=args.force,
         weights=args.weights,
+        tuned=args.tuned,
     )
     log.info(
         "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)
@@ -424,7 +431,16 @@ COMMANDS = {
     "cost": cmd_cost,
     "validate": cmd_validate,
     "data": cmd_data,
+    "compare": lambda args: _late("harness.verdicts", "cmd_compare", args),
+    "tune": lambda args: _late("harness.tune", "cmd_tune", args),
 }
+
+
+def _late(module: str, name: str, args: argparse.Namespace) -> int:
+    """A command whose module is imported only when it runs."""
+    import importlib
+
+    return getattr(importlib.import_module(module), name)(args)
 
 
 def main(argv: list[str] | None = None) -> int:

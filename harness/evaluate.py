@@ -11,8 +11,9 @@ import torch
 from harness.backbones import Backbone
 from harness.errors import HarnessError
 from harness.method import Method, Scorer
-from harness.metrics import compute_metrics
+from harness.metrics import compute_metrics, compute_report
 from harness.protocol import Protocol
+from harness.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, bootstrap_intervals
 
 
 def embed(
@@ -72,10 +73,11 @@ def evaluate(
                         torch.as_tensor(gallery[1]))  # fmt: skip
     embed_seconds = time.perf_counter() - start
     ks, names = tuple(protocol.evaluation.recall_ks), _expand(protocol)
-    metrics = compute_metrics(
+    report = compute_report(
         embeddings, torch.as_tensor(labels), *gallery_args, recall_ks=ks, metrics=names,
         scorer=ranking_scorer(method, protocol), seed=seed, device=device,
     )  # fmt: skip
+    metrics = report.metrics
     by_part: dict[str, dict[str, float]] = {}
     distances: dict[str, list[float]] = {}
     if gallery is None:
@@ -90,7 +92,11 @@ def evaluate(
         "embed_seconds": round(embed_seconds, 3),
         "eval_seconds": round(time.perf_counter() - start, 3),
     }
-    return Evaluation(metrics, timings, by_part, distances)
+    bootstrap = {
+        "unit": "test queries", "resamples": BOOTSTRAP_RESAMPLES, "seed": seed,
+        "confidence": CONFIDENCE, "intervals": bootstrap_intervals(report.per_query, seed=seed),
+    }  # fmt: skip
+    return Evaluation(metrics, timings, by_part, distances, bootstrap)
 
 
 @dataclass
@@ -101,6 +107,8 @@ class Evaluation:
     timings: dict[str, float]
     by_part: dict[str, dict[str, float]] = field(default_factory=dict)
     distances: dict[str, list[float]] = field(default_factory=dict)
+    # percentile intervals of each retrieval metric over resampled test queries (harness.stats)
+    bootstrap: dict[str, object] = field(default_factory=dict)
 
 
 HISTOGRAM_BINS = 50

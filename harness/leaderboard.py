@@ -20,6 +20,8 @@ from harness.errors import HarnessError
 from harness.fingerprint import describe
 from harness.metrics import UNBOUNDED_METRICS
 from harness.results import Environment, RunResult, load_results, parse_result
+from harness.stats import t_interval
+from harness.verdicts import against_best, per_seed, row_name
 
 METRIC_ORDER = ("recall@", "precision@1", "r_precision", "map@r", "map", "nmi", "f1", "lda")
 
@@ -32,12 +34,28 @@ def _metric_key(name: str) -> tuple[int, int]:
 
 
 def _mean_std(values: pd.Series, scale: float, digits: int) -> str:
+    """`mean ± h`, h the half-width of the 95 % t-interval over seeds; one seed: the value."""
     values = values.dropna()
     if values.empty:
         return "-"
-    if len(values) == 1:
-        return f"{values.iloc[0] * scale:.{digits}f}"
-    return f"{values.mean() * scale:.{digits}f} ± {values.std(ddof=1) * scale:.{digits}f}"
+    mean, half = t_interval(values.tolist())
+    if math.isnan(half):
+        return f"{mean * scale:.{digits}f}"
+    return f"{mean * scale:.{digits}f} ± {half * scale:.{digits}f}"
+
+
+def _main_metric(runs: list[RunResult]) -> str:
+    """The protocol's main metric: what its model selection uses (map@r unless it says)."""
+    content = runs[0].protocol.content or {}
+    return (content.get("evaluation") or {}).get("select_by") or "map@r"
+
+
+def _test_set_spread(runs: list[RunResult], metric: str) -> str:
+    """Mean over seeds of the half-width of the bootstrap interval over test queries."""
+    halves = [(hi - lo) / 2 for r in runs if r.ok and r.bootstrap
+              for lo, hi in [r.bootstrap.get("intervals", {}).get(metric, (math.nan,) * 2)]
+              if not math.isnan(lo)]  # fmt: skip
+    return f"± {100 * sum(halves) / len(halves):.1f}" if halves else "-"
 
 
 def _coerce(runs: Iterable[RunResult | dict[str, Any]]) -> list[RunResult]:
@@ -77,8 +95,8 @@ def _table(
     row per method and part of a composite embedding, named `method / part`."""
     rows, by_name = [], {}
     for r in runs:
-        named = ([(f"{r.method.name} / {part}", m) for part, m in (r.metrics_by_part or {}).items()]
-                 if parts else [(r.method.name, r.metrics or {})])  # fmt: skip
+        named = ([(f"{row_name(r)} / {part}", m) for part, m in (r.metrics_by_part or {}).items()]
+                 if parts else [(row_name(r), r.metrics or {})])  # fmt: skip
         for name, metrics in named:
             rows.append(_row(r, name, metrics, timed=not parts))
             by_name.setdefault(name, []).append(r)
@@ -86,11 +104,21 @@ def _table(
     metrics = sorted(
         (c for c in df.columns if _metric_key(c)[0] < len(METRIC_ORDER)), key=_metric_key
     )
+    main = _main_metric(runs)
+    if main in metrics:  # the main metric first: the table ranks by it
+        metrics = [main] + [m for m in metrics if m != main]
     out = [_line(method, group, metrics, by_name[method])
            for method, group in df.groupby("method", sort=False)]  # fmt: skip
+    if not parts and main in metrics:
+        _mark_against_best(out, runs, main)
     if ranked:  # complete rows first, each part best first (stable: ties keep their order)
         out.sort(key=lambda line: (not line["_complete"], -_finite(line["_sort"])))
     table = pd.DataFrame(out).drop(columns=["_sort", "_complete"])
+    first = ["method", "seeds", *[c for c in table.columns if c.startswith("vs best")]]
+    if metrics:
+        main_col = next(c for c in table.columns if c.startswith(metrics[0]))
+        first += [main_col, *[c for c in table.columns if c.startswith("test-set")]]
+    table = table[first + [c for c in table.columns if c not in first]]
     if not (table["notes"] != "").any():
         table = table.drop(columns="notes")
     return tabulate(
@@ -115,8 +143,9 @@ def _line(
         else:
             line[f"{name} (%)"] = _mean_std(ok[name], 100, 1) if name in ok else "-"
     trained = ok["s/epoch"].dropna()
-    line["img/s"] = _mean_std(ok["img/s"], 1, 0) if not trained.empty else "-"
-    line["s/epoch"] = _mean_std(trained, 1, 2) if not trained.empty else "-"
+    # speed depends on the machine's load, not on the seed: the mean alone, no interval
+    line["img/s"] = f"{ok['img/s'].dropna().mean():.0f}" if not trained.empty else "-"
+    line["s/epoch"] = f"{trained.mean():.2f}" if not trained.empty else "-"
     bad = group[group["status"] != "ok"]
     notes = [f"seed {s}: {st} ({f})"
              for s, st, f in bad[["seed", "status", "failure"]].itertuples(index=False)]  # fmt: skip
@@ -126,8 +155,19 @@ def _line(
     line["notes"] = "; ".join(notes)
     sort_metric = metrics[0] if metrics else None
     line["_sort"] = ok[sort_metric].mean() if sort_metric and not ok.empty else -1.0
+    if sort_metric:
+        line[f"test-set ± ({sort_metric})"] = _test_set_spread(runs, sort_metric)
     line["_complete"] = not missing
     return line
+
+
+def _mark_against_best(lines: list[dict[str, Any]], runs: list[RunResult], main: str) -> None:
+    """Add the `vs best` column: which complete rows the tests cannot tell from the best."""
+    complete = {line["method"] for line in lines if line["_complete"]}
+    values = {n: v for n, v in per_seed(runs, main).items() if n in complete}
+    _, marks = against_best(values)
+    for line in lines:
+        line[f"vs best ({main})"] = marks.get(line["method"], "incomplete: untested")
 
 
 def _parts_table(runs: list[RunResult]) -> str:
@@ -152,7 +192,8 @@ def paper_comparison(runs: list[RunResult]) -> list[str]:
     from harness.data.reference import paper_results
 
     paper = (runs[0].protocol.content or {}).get("paper") or {}
-    if not paper.get("reference"):
+    runs = [r for r in runs if not r.tuning]  # the papers' numbers are at their defaults
+    if not paper.get("reference") or not runs:
         return []
     lines = []
     if paper.get("differences"):
@@ -196,10 +237,20 @@ def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
         "# Leaderboard",
         "",
         "Generated by `python -m harness leaderboard` from the result files under `runs/`; "
-        "do not edit by hand. Metrics in percent, mean ± sample std over seeds (one seed: the "
-        "value alone); `seeds` counts finished runs, and `2/3 (incomplete)` marks a method whose "
-        "seeds asked for have not all finished: it ranks below every complete row. Retrieval is all-vs-all on the test "
-        "classes, which no model saw in training.",
+        "do not edit by hand. Metrics in percent. `54.1 ± 1.9` is the mean over seeds ± the "
+        "half-width of its 95 % Student t-interval (t quantile with n - 1 degrees of freedom "
+        "times the standard error; one seed: the value alone). `seeds` counts finished runs; "
+        "`2/3 (incomplete)` marks a method whose seeds asked for have not all finished: it "
+        "ranks below every complete row. Rows rank by the protocol's main metric (its "
+        "`evaluation.select_by`, MAP@R unless it says). `vs best` tests each complete row "
+        "against the best one on that metric: a paired t-test over the seeds both ran (Welch's "
+        "t-test when they share fewer than two), Holm-corrected over the rows; `≈ best` means "
+        "not significantly different at 5 %. `test-set ±` is the half-width of the 95 % "
+        "percentile bootstrap interval over test queries (1,000 seeded resamples), averaged "
+        "over seeds: how much the test set alone moves the number (`-`: a result made before "
+        "runs recorded it). img/s and s/epoch are means (speed depends on the machine's load). A `+tuned` row uses the configuration `harness tune` found on "
+        "validation classes (see Tuning); the others use the paper's defaults. Retrieval is "
+        "all-vs-all on the test classes, which no model saw in training.",
     ]
     for (name, version, hash_, max_steps), group in sorted(_groups(runs).items(), key=str):
         envs = [r.environment or Environment() for r in group]

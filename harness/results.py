@@ -214,6 +214,7 @@ class RunResult(Record):
     failure: str | None = None
     sweep_seeds: list[int] | None = optional()
     training: TrainingRecord = field(default_factory=TrainingRecord)
+    tuning: dict[str, Any] | None = optional()  # the study behind a tuned configuration
     dataset: DatasetInfo | None = optional()
     split: dict[str, Any] | None = optional()  # Split.summary(): hash, class and image counts
     started_at: str | None = optional()
@@ -223,6 +224,8 @@ class RunResult(Record):
     distances: dict[str, Any] | None = optional()  # histogram: edges, positive, negative
     metrics: dict[str, float] | None = optional()
     metrics_by_part: dict[str, dict[str, float]] | None = optional()
+    # retrieval metrics' percentile intervals over resampled test queries (harness.stats)
+    bootstrap: dict[str, Any] | None = optional()
     timings: dict[str, float] | None = optional()
     tuples: TupleCounts | None = optional()
     selection: Selection | None = optional()

@@ -74,6 +74,13 @@ class RunSpec:
     weights: str | None = None  # a local ImageNet weights file (overrides backbone.weights_file)
     hyperparameters: dict[str, Any] | None = field(default=None, hash=False)  # None: resolve
     sweep_seeds: tuple[int, ...] | None = None  # what the sweep asked for (None: the protocol's)
+    # a tuned configuration (`run --tuned`): the tuning study's record; None: paper defaults
+    tuning: dict[str, Any] | None = field(default=None, hash=False)
+
+    @property
+    def run_name(self) -> str:
+        """The method's folder under runs/<protocol>/: tuned runs apart from paper-default ones."""
+        return f"{self.method}{TUNED_SUFFIX}" if self.tuning else self.method
 
     @property
     def parsed_protocol(self) -> Protocol:
@@ -112,12 +119,22 @@ def plan(
     protocol: Protocol,
     methods: list[str],
     seeds: list[int] | None = None,
+    tuned: bool = False,
     **options: Any,
 ) -> list[RunSpec]:
     """One resolved RunSpec per (method, seed): the protocol parsed once, each method's
-    hyperparameters resolved once; unknown methods and bad overrides fail before any run."""
+    hyperparameters resolved once (with `tuned`, the configuration `harness tune` found on
+    validation classes); unknown methods, bad overrides and missing tunings fail before any run."""
     hyper = {name: protocol_hyperparameters(protocol, name)
              for name in methods}  # fmt: skip
+    tuning: dict[str, dict[str, Any] | None] = dict.fromkeys(methods)
+    if tuned:
+        from harness.tune import load_overlay
+
+        for name in methods:
+            overlay = load_overlay(options.get("results_dir", "results"), protocol, name)
+            hyper[name] = METHODS.get(name).hyperparameters(overlay["hyperparameters"])
+            tuning[name] = {**overlay["study"], "overlay": overlay["path"]}
     for name in protocol.methods:
         if name not in METHODS:
             raise HarnessError(
@@ -131,6 +148,7 @@ def plan(
             seed=s,
             hyperparameters=hyper[m],
             sweep_seeds=asked,
+            tuning=tuning[m],
             **options,
         )
         for m in methods
@@ -207,6 +225,9 @@ def _same_run(old: RunResult, new: RunResult) -> bool:
     )
 
 
+TUNED_SUFFIX = "+tuned"
+
+
 def checkpoint_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
     return results_dir / "checkpoints" / protocol / method / f"seed{seed}.pt"
 
@@ -220,7 +241,7 @@ def execute(
     method_spec = METHODS.get(spec.method)
     hyper = spec.hyperparameters
     results_dir = Path(spec.results_dir)
-    path = result_path(results_dir, protocol.name, spec.method, spec.seed)
+    path = result_path(results_dir, protocol.name, spec.run_name, spec.seed)
     record = new_result(spec, method_spec)
     if path.exists() and not spec.force and _same_run(read_result(path), record):
         return "skipped", path
@@ -248,6 +269,7 @@ def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
         seed=spec.seed,
         sweep_seeds=list(spec.sweep_seeds if spec.sweep_seeds is not None else protocol.seeds),
         training=TrainingRecord(max_steps=spec.max_steps),
+        tuning=spec.tuning,
     )  # fmt: skip
 
 
@@ -334,7 +356,7 @@ def _execute(
     )  # fmt: skip
     backbone, method = model.backbone, model.method
     train_coarse = None if data.coarse_labels is None else data.coarse_labels[split.train]
-    ckpt = checkpoint_path(results_dir, protocol.name, spec.method, spec.seed)
+    ckpt = checkpoint_path(results_dir, protocol.name, spec.run_name, spec.seed)
     identity = json.dumps([record.protocol.hash, record.method.to_json(), spec.seed,
                            spec.max_steps], sort_keys=True)  # fmt: skip
     validate = None
@@ -362,6 +384,7 @@ def _execute(
                       spec.seed, gallery=gallery)  # fmt: skip
     if result.distances:
         record.distances = result.distances
+    record.bootstrap = result.bootstrap or None
     _record_outcome(record, stats, protocol.evaluation.select_by, result.metrics, result.by_part,
                     result.timings)  # fmt: skip
     record.retrieval = retrieval_record(method, protocol, len(split.test))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from harness.method import Scorer
@@ -44,13 +45,21 @@ class Split:
 
 
 class Sums:
-    """Per-metric float64 sums over queries (divided by the number of queries at the end)."""
+    """Per-metric float64 sums over queries (divided by the number of queries at the end),
+    and the per-query values themselves (in the order of the active queries), which the
+    bootstrap over test queries resamples."""
 
     def __init__(self) -> None:
         self.totals: dict[str, torch.Tensor] = {}
+        self.values: dict[str, list[torch.Tensor]] = {}
 
     def add(self, name: str, values: torch.Tensor) -> None:
-        self.totals[name] = self.totals.get(name, 0.0) + values.to(torch.float64).sum()
+        values = values.to(torch.float64)
+        self.totals[name] = self.totals.get(name, 0.0) + values.sum()
+        self.values.setdefault(name, []).append(values.detach())
+
+    def per_query(self) -> dict[str, np.ndarray]:
+        return {name: torch.cat(parts).cpu().numpy() for name, parts in self.values.items()}
 
     def means(self, count: int) -> dict[str, float]:
         return {name: float(total) / float(count) for name, total in self.totals.items()}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from harness.devices import resolve_device
@@ -43,6 +44,8 @@ class MetricReport:
     num_gallery: int  # items each query ranks (the query itself excluded in all-vs-all)
     num_clusters: int | None  # k used by k-means; None when no clustering metric was requested
     knn_backend: str | None  # backend that served the top-K neighbours; None when not needed
+    # each retrieval metric's value per non-lone query (one order for all): for the bootstrap
+    per_query: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def compute_metrics(
@@ -95,7 +98,10 @@ def compute_report(
     dev = resolve_device(device, query_embeddings)
     split = _split(query_embeddings, query_labels, gallery_embeddings, gallery_labels, dev)
     result: dict[str, float] = {}
-    backend = _distance_metrics(split, ks, names, scorer, knn_backend, chunk_size, result)
+    per_query: dict[str, np.ndarray] = {}
+    backend = _distance_metrics(
+        split, ks, names, scorer, knn_backend, chunk_size, result, per_query
+    )
     k_used = _clustering_metrics(split, names, num_clusters, seed, result)
     order = [f"recall@{k}" for k in ks] + [n for n in METRIC_NAMES if n != "recall@K"]
     ordered = {
@@ -112,6 +118,7 @@ def compute_report(
         num_gallery=split.num_ranked,
         num_clusters=k_used,
         knn_backend=backend,
+        per_query=per_query,
     )
 
 
@@ -245,6 +252,7 @@ def _distance_metrics(
     knn_backend: str,
     chunk_size: int,
     result: dict[str, float],
+    per_query: dict[str, np.ndarray],
 ) -> str | None:
     """Retrieval metrics and LDA in one pass where possible; returns the top-K backend."""
     wants_retrieval = bool(ks) or any(n in names for n in RETRIEVAL_METRICS)
@@ -277,6 +285,7 @@ def _distance_metrics(
                    lda=moments, sums=sums)  # fmt: skip
     if wants_retrieval:
         result.update(sums.means(len(split.active)))
+        per_query.update(sums.per_query())
     if moments is not None:
         result["lda"] = moments.lda()
     return backend

@@ -54,10 +54,19 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
     assert record["environment"]["packages"]["torch"]
     assert record["tuples"]["kind"] == "pairs" and record["tuples"]["per_step"] == 120
     assert set(record["metrics"]) >= {"recall@1", "recall@2", "map@r", "nmi", "f1", "map"}
-    # a fresh result has every key of a committed (schema-1) one, plus the sweep's seeds
+    # a fresh result has every key of a committed (schema-1) one, plus the sweep's seeds and
+    # the bootstrap intervals over test queries (one per retrieval metric, low <= mean <= high)
     assert record["schema"] == 2 and record["sweep_seeds"] == [0]
     committed = json.loads((REPO / "results/runs/default/contrastive/seed0.json").read_text())
-    assert _keys(record) == _keys(committed) | {"sweep_seeds"}
+    boot = record["bootstrap"]
+    assert _keys(record) == _keys(committed) | {"sweep_seeds"} | {
+        f"bootstrap.{k}" for k in ("unit", "resamples", "seed", "confidence", "intervals")
+    } | {"bootstrap"}
+    assert boot["resamples"] == 1000 and set(boot["intervals"]) == {
+        m for m in record["metrics"] if m not in ("nmi", "f1", "lda")
+    }
+    for name, (low, high) in boot["intervals"].items():
+        assert low <= record["metrics"][name] <= high
     board = (results / "LEADERBOARD.md").read_text()
     assert "| contrastive" in board and "| untrained" in board and "smoke" in board
     mtime = path.stat().st_mtime_ns
@@ -70,7 +79,15 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
 
 def _keys(record: dict, prefix: str = "") -> set[str]:
     """Dotted key paths, not descending into values whose keys are data (metrics, content)."""
-    free = ("content", "hyperparameters", "metrics", "distances", "packages", "fingerprint")
+    free = (
+        "content",
+        "hyperparameters",
+        "metrics",
+        "distances",
+        "packages",
+        "fingerprint",
+        "intervals",
+    )
     out = set()
     for key, value in record.items():
         out.add(prefix + key)

@@ -64,12 +64,13 @@ def test_leaderboard_mean_std_over_seeds_and_failures_shown():
     lines = {
         line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")
     }
-    # mean 60.0, sample std of (50, 70) = 14.1
-    assert "60.0 ± 14.1" in lines["a"] and "| 2 " in lines["a"]
+    # mean 60.0; sample std of (50, 70) = 14.142, standard error 10.0, t_{0.975, 1} = 12.706:
+    # the 95 % t-interval's half-width is 127.1
+    assert "60.0 ± 127.1" in lines["a"] and "| 2 " in lines["a"]
     assert "90.0" in lines["b"]
     assert "failed (loss became nan at step 3)" in lines["c"] and "| 0 " in lines["c"]
     order = [k for k in lines if k in ("a", "b", "c")]
-    assert order == ["b", "a", "c"]  # best recall@1 first, failures last
+    assert order == ["b", "a", "c"]  # best map@r (the main metric) first, failures last
 
 
 def test_protocol_versions_and_short_budgets_get_separate_tables():

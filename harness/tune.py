@@ -1,0 +1,332 @@
+"""Equal-budget tuning on validation classes (Musgrave et al., "A Metric Learning Reality
+Check", 2020): every method gets the same number of Optuna trials over the search space its
+file declares, each trial scored on classes carved from the training classes; the test split
+is never embedded.
+
+- Objective: the protocol's selection metric (`evaluation.select_by`) on the validation
+  classes, at the best epoch (the epoch the runner's model selection keeps); with K folds,
+  the training and validation classes are pooled and split into K class-disjoint folds, each
+  validating a model trained on the other K - 1, and the objective is the mean over folds.
+- Sampler: TPE, seeded; the first trial of a new study is the paper-default configuration.
+- Pruner: median (a trial whose validation so far is below the median of earlier trials at
+  the same epoch stops), recorded with the study.
+- Storage: an Optuna RDB (SQLite under <results-dir>/tuning/ by default), so an interrupted
+  study resumes, and workers sharing a storage URL share a study; a study ends with exactly
+  N finished (complete or pruned) trials. A training failure is a finished trial scored 0.
+- Output: the best hyperparameters as an overlay (<results-dir>/tuning/<protocol>/<method>.yaml)
+  that `run --tuned` applies, and a figure of the objective per trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from harness.devices import resolve_device
+from harness.errors import HarnessError
+from harness.evaluate import selection_score
+from harness.method import METHODS, protocol_hyperparameters
+from harness.model import build_model
+from harness.protocol import Protocol, load_protocol
+from harness.runner import contiguous, prepare_data
+from harness.splits import Split
+from harness.train import TrainingFailed, train
+
+log = logging.getLogger(__name__)
+OVERLAY_SCHEMA = 1
+
+
+def tuning_dir(results_dir: str | Path, protocol: str) -> Path:
+    return Path(results_dir) / "tuning" / protocol
+
+
+def overlay_path(results_dir: str | Path, protocol: str, method: str) -> Path:
+    return tuning_dir(results_dir, protocol) / f"{method}.yaml"
+
+
+def default_storage(results_dir: str | Path, protocol: str) -> str:
+    return f"sqlite:///{(tuning_dir(results_dir, protocol) / 'studies.db').resolve()}"
+
+
+def needs_validation(protocol: Protocol) -> None:
+    if protocol.split.validation_fraction <= 0:
+        raise HarnessError(
+            f"protocol {protocol.name} carves no validation classes (split.validation_fraction "
+            "is 0), and tuning must never see the test classes; tune under a protocol with "
+            "split.validation_fraction > 0 (e.g. --protocol tuning)"
+        )
+
+
+def class_folds(
+    split: Split, labels: np.ndarray, folds: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train indices, validation indices) per fold. One fold: the protocol's own split. K:
+    the training and validation classes pooled and dealt into K class-disjoint folds (a fixed
+    seeded shuffle of the sorted classes), each the validation set of one fold."""
+    if folds == 1:
+        return [(split.train, split.validation)]
+    pool = np.concatenate([split.train, split.validation])
+    classes = np.unique(labels[pool])
+    if len(classes) < 2 * folds:
+        raise HarnessError(f"--folds {folds} needs at least {2 * folds} training classes; "
+                           f"this protocol has {len(classes)}")  # fmt: skip
+    shuffled = np.random.default_rng(0).permutation(classes)
+    out = []
+    for k in range(folds):
+        held = np.isin(labels[pool], shuffled[k::folds])
+        out.append((np.sort(pool[~held]), np.sort(pool[held])))
+    return out
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Trains one configuration per fold and returns the per-fold best validation scores;
+    `report(step, value)` is called after every epoch (for pruning)."""
+
+    protocol: Protocol
+    method: str
+    folds: int
+    data_root: str | None
+    device: str
+    max_steps: int | None = None
+
+    def __call__(self, hyper: dict[str, Any], report: Callable[[int, float], None]) -> list[float]:
+        prepared = prepare_data(self.protocol, self.data_root)
+        data, device = prepared.data, resolve_device(self.device)
+        seed = self.protocol.seeds[0]
+        scores = []
+        for fold, (train_idx, val_idx) in enumerate(class_folds(prepared.split, data.labels,
+                                                                self.folds)):  # fmt: skip
+            labels = data.labels[train_idx]
+            model = build_model(
+                self.protocol, self.method, hyper, seed, device,
+                in_channels=data.images.shape[1], num_classes=len(np.unique(labels)),
+                num_coarse_classes=len(data.coarse_names) if data.coarse_names else None,
+            )  # fmt: skip
+            values: list[float] = []
+
+            def validate(model=model, val_idx=val_idx, values=values, fold=fold) -> float:
+                value = selection_score(model.backbone, model.method, data.images[val_idx],
+                                        data.labels[val_idx], self.protocol, device, seed)  # fmt: skip
+                values.append(value)
+                report(fold * 10_000 + len(values), value)
+                return value
+
+            coarse = None if data.coarse_labels is None else data.coarse_labels[train_idx]
+            stats = train(model.backbone, model.method, data.images[train_idx], contiguous(labels),
+                          coarse, self.protocol, seed, device, max_steps=self.max_steps,
+                          progress=False, validate=validate)  # fmt: skip
+            scores.append(max(stats.validation) if stats.validation else validate())
+        return scores
+
+
+def tune_method(
+    protocol: Protocol,
+    method: str,
+    trials: int,
+    *,
+    folds: int = 1,
+    storage: str | None = None,
+    results_dir: str | Path = "results",
+    sampler_seed: int = 0,
+    data_root: str | None = None,
+    device: str = "auto",
+    max_steps: int | None = None,
+) -> Path:
+    """Run (or resume) one method's study to `trials` finished trials; write its overlay and
+    figure, and return the overlay's path."""
+    import optuna
+
+    needs_validation(protocol)
+    spec = METHODS.get(method)
+    base = protocol_hyperparameters(protocol, method)
+    storage = storage or default_storage(results_dir, protocol.name)
+    if storage.startswith("sqlite:///"):
+        Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = f"{protocol.name}@{protocol.hash}/{method}@v{spec.version}/folds{folds}"
+    study = optuna.create_study(
+        study_name=name, storage=storage, load_if_exists=True, direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+    )  # fmt: skip
+    if not study.trials and spec.search:  # the paper's configuration is always tried
+        study.enqueue_trial({k: base[k] for k in spec.search})
+    trainer = Trainer(protocol, method, folds, data_root, device, max_steps)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+    def objective(trial: optuna.Trial) -> float:
+        hyper = {**base, **{k: rng.suggest(trial, k) for k, rng in spec.search.items()}}
+
+        def report(step: int, value: float) -> None:
+            trial.report(value, step)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+
+        try:
+            scores = trainer(hyper, report)
+        except TrainingFailed as exc:
+            trial.set_user_attr("failure", str(exc))
+            return 0.0
+        trial.set_user_attr("fold_scores", scores)
+        return float(np.mean(scores))
+
+    done = len(study.get_trials(deepcopy=False, states=finished))
+    if done < trials:
+        log.info("%s: %d of %d trials done; running %d", method, done, trials, trials - done)
+        study.optimize(objective, n_trials=trials - done, catch=(),
+                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
+    return write_overlay(study, protocol, method, spec.version, base, folds, storage, results_dir)
+
+
+def write_overlay(
+    study: Any,
+    protocol: Protocol,
+    method: str,
+    version: int,
+    base: dict[str, Any],
+    folds: int,
+    storage: str,
+    results_dir: str | Path,
+) -> Path:
+    """The study's best configuration as a protocol overlay, and its figure."""
+    import optuna
+
+    states = study.get_trials(deepcopy=False)
+    complete = [t for t in states if t.state == optuna.trial.TrialState.COMPLETE]
+    if not complete:
+        raise HarnessError(f"the {method} study has no complete trial yet; run tune again")
+    best = max(complete, key=lambda t: t.value)
+    path = overlay_path(results_dir, protocol.name, method)
+    figure = path.with_suffix(".png")
+    study_figure(complete, figure, f"{method} on {protocol.name}: {protocol.evaluation.select_by}")
+    record = {
+        "schema": OVERLAY_SCHEMA,
+        "protocol": protocol.name, "protocol_version": protocol.version,
+        "protocol_hash": protocol.hash, "method": method, "method_version": version,
+        "hyperparameters": {**base, **best.params},
+        "study": {
+            "name": study.study_name, "storage": _safe_url(storage), "folds": folds,
+            "objective": f"{protocol.evaluation.select_by} on validation classes (best epoch"
+                         f"{', mean over folds' if folds > 1 else ''})",
+            "sampler": "TPE (seeded)", "pruner": "median",
+            "trials": sum(t.state.is_finished() for t in states),
+            "complete": len(complete),
+            "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in states),
+            "best_trial": best.number, "best_value": round(float(best.value), 6),
+            "paper_default_value": _default_value(complete, base),
+            "figure": figure.name,
+        },
+    }  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".yaml.tmp")
+    header = "# Generated by `harness tune`: the best configuration found on validation classes.\n"
+    tmp.write_text(header + yaml.safe_dump(record, sort_keys=False), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _default_value(trials: list[Any], base: dict[str, Any]) -> float | None:
+    for t in trials:
+        if all(base.get(k) == v for k, v in t.params.items()):
+            return round(float(t.value), 6)
+    return None
+
+
+def _safe_url(url: str) -> str:
+    """A storage URL without its password."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def study_figure(trials: list[Any], out: Path, title: str) -> None:
+    """Objective per complete trial and the best value so far."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    numbers = [t.number for t in trials]
+    values = [t.value for t in trials]
+    best = np.maximum.accumulate(values)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(numbers, values, "o", label="trial")
+    ax.step(numbers, best, where="post", label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("validation objective")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def load_overlay(results_dir: str | Path, protocol: Protocol, method: str) -> dict[str, Any]:
+    """The tuned configuration of `method` under `protocol`; a clear error when there is none
+    or it was tuned under another version of the protocol or method."""
+    path = overlay_path(results_dir, protocol.name, method)
+    if not path.is_file():
+        raise HarnessError(f"no tuned configuration for {method} under {protocol.name} ({path}); "
+                           f"run `harness tune --protocol {protocol.name} --method {method}` first")  # fmt: skip
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if data.get("protocol_hash") != protocol.hash:
+        raise HarnessError(f"{path} was tuned under protocol hash {data.get('protocol_hash')}, "
+                           f"not {protocol.hash}; tune again")  # fmt: skip
+    if data.get("method_version") != METHODS.get(method).version:
+        raise HarnessError(f"{path} was tuned for {method} v{data.get('method_version')}; "
+                           f"it is now v{METHODS.get(method).version}: tune again")  # fmt: skip
+    data["path"] = str(path)
+    return data
+
+
+def tune(protocol_name: str, methods: list[str], trials: int, **options: Any) -> dict[str, Path]:
+    """Tune each method with the same number of trials; returns the overlay per method."""
+    protocol = load_protocol(protocol_name)
+    needs_validation(protocol)
+    if trials < 1 or not math.isfinite(trials):
+        raise HarnessError(f"--trials must be at least 1, got {trials}")
+    for m in methods:
+        METHODS.get(m)  # unknown names fail before any training
+    return {m: tune_method(protocol, m, trials, **options) for m in methods}
+
+
+def add_parser(sub: Any) -> None:
+    from harness.argtypes import positive_int
+
+    tn = sub.add_parser("tune", help="equal-budget Optuna tuning on validation classes")
+    tn.add_argument("--protocol", required=True, help="protocol name or YAML path (needs "
+                    "split.validation_fraction > 0)")  # fmt: skip
+    tn.add_argument("--method", required=True, help="NAME[,NAME...]")
+    tn.add_argument("--trials", type=positive_int, required=True, help="trials per method")
+    tn.add_argument("--folds", type=positive_int, default=1,
+                    help="class-disjoint folds of the training classes (default 1)")  # fmt: skip
+    tn.add_argument("--storage", help="Optuna storage URL (default: an SQLite file under "
+                    "<results-dir>/tuning/<protocol>/); share one to run several workers")  # fmt: skip
+    tn.add_argument("--results-dir", default="results")
+    tn.add_argument("--data-root", help="folder holding the dataset's files")
+    tn.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    tn.add_argument("--max-steps", type=positive_int, help="cap each trial's steps (smoke)")
+
+
+def cmd_tune(args: Any) -> int:
+    import methods  # noqa: F401  (registers every method)
+
+    names = [m.strip() for m in args.method.split(",") if m.strip()]
+    written = tune(args.protocol, names, args.trials, folds=args.folds, storage=args.storage,
+                   results_dir=args.results_dir, data_root=args.data_root, device=args.device,
+                   max_steps=args.max_steps)  # fmt: skip
+    for name, path in written.items():
+        study = yaml.safe_load(path.read_text(encoding="utf-8"))["study"]
+        print(f"{name}: best {study['best_value']:.4f} (trial {study['best_trial']}; paper "
+              f"default {study['paper_default_value']}) of {study['trials']} trials -> {path}")  # fmt: skip
+    return 0

@@ -1,0 +1,96 @@
+"""Which method is better, and how sure: per-seed values of a metric from result files, the
+comparison of two methods (`harness compare`), and the leaderboard's marks of the methods not
+significantly different from the best (Holm-corrected tests against the best's seeds)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.registry import closest
+from harness.results import RunResult, load_results
+from harness.stats import CONFIDENCE, Comparison, compare, holm, t_interval
+
+ALPHA = 0.05
+
+
+def row_name(r: RunResult) -> str:
+    """A leaderboard row's name: the method, or `method+tuned` for a tuned configuration."""
+    return f"{r.method.name}+tuned" if r.tuning else r.method.name
+
+
+def per_seed(runs: Iterable[RunResult], metric: str) -> dict[str, dict[int, float]]:
+    """row name -> {seed: value} over the finished runs that report `metric`."""
+    out: dict[str, dict[int, float]] = {}
+    for r in runs:
+        if r.ok and metric in (r.metrics or {}):
+            out.setdefault(row_name(r), {})[r.seed] = float(r.metrics[metric])
+    return out
+
+
+def against_best(values: dict[str, dict[int, float]]) -> tuple[str | None, dict[str, str]]:
+    """The best row by mean, and per row a mark: `best`, `≈ best (p = …)` when the
+    Holm-corrected test against the best does not reject at 5 %, `below (p = …)` when it does,
+    or `1 seed: untested`."""
+    means = {name: sum(v.values()) / len(v) for name, v in values.items() if v}
+    if not means:
+        return None, {}
+    best = max(means, key=lambda n: means[n])
+    tests = {n: compare(values[best], values[n]) for n in means if n != best}
+    adjusted = holm({n: c.p for n, c in tests.items()})
+    marks = {best: "best"}
+    for name, p in adjusted.items():
+        if math.isnan(p):
+            marks[name] = f"{min(len(values[name]), len(values[best]))} seed: untested"
+        elif p >= ALPHA:
+            marks[name] = f"≈ best (p = {p:.2g})"
+        else:
+            marks[name] = f"below (p = {p:.2g})"
+    return best, marks
+
+
+def describe(c: Comparison, scale: float = 100.0) -> str:
+    if c.test == "none":
+        return (f"difference {c.difference * scale:+.2f}; no test: a method has only one "
+                "finished seed (run more seeds: --seeds 0,1,2)")  # fmt: skip
+    lo, hi = (c.difference - c.half_width) * scale, (c.difference + c.half_width) * scale
+    return (f"difference {c.difference * scale:+.2f} points, {CONFIDENCE:.0%} CI "
+            f"[{lo:+.2f}, {hi:+.2f}] ({c.test} test, n = {c.n}), p = {c.p:.3g}")  # fmt: skip
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    cmp = sub.add_parser("compare", help="is method A better than method B? (difference, CI, p)")
+    cmp.add_argument("a", metavar="A", help="method (NAME+tuned for its tuned configuration)")
+    cmp.add_argument("b", metavar="B")
+    cmp.add_argument("--protocol", default="default", help="protocol name or YAML path")
+    cmp.add_argument("--metric", help="default: the protocol's main metric (evaluation.select_by)")
+    cmp.add_argument("--results-dir", default="results")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness.protocol import load_protocol
+
+    protocol = load_protocol(args.protocol)
+    metric = args.metric or protocol.evaluation.select_by
+    runs = [r for r in load_results(Path(args.results_dir))
+            if r.protocol.hash == protocol.hash and r.training.max_steps is None]  # fmt: skip
+    values = per_seed(runs, metric)
+    for name in (args.a, args.b):
+        if name not in values:
+            raise HarnessError(
+                f"no finished {protocol.name} run of {name!r} reports {metric} under "
+                f"{args.results_dir} (protocol hash {protocol.hash}){closest(name, values)}; "
+                f"run `harness run --protocol {protocol.name} --method {name.split('+')[0]}` first"
+            )
+    a, b = values[args.a], values[args.b]
+    print(f"{metric} on {protocol.name} (protocol v{protocol.version}, hash {protocol.hash})")
+    for name, v in ((args.a, a), (args.b, b)):
+        mean, half = t_interval(list(v.values()))
+        spread = "" if math.isnan(half) else f" ± {half * 100:.2f}"
+        print(f"  {name}: {mean * 100:.2f}{spread} ({len(v)} seed{'s' * (len(v) != 1)}: "
+              f"{', '.join(map(str, sorted(v)))})")  # fmt: skip
+    print(f"  {args.a} − {args.b}: {describe(compare(a, b))}")
+    return 0
