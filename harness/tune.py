@@ -199,8 +199,9 @@ def write_overlay(
     """The study's best configuration as a protocol overlay, and its figure."""
     import optuna
 
+    COMPLETE, PRUNED = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED  # noqa: N806
     states = study.get_trials(deepcopy=False)
-    complete = [t for t in states if t.state == optuna.trial.TrialState.COMPLETE]
+    complete = [t for t in states if t.state == COMPLETE]
     if not complete:
         raise HarnessError(f"the {method} study has no complete trial yet; run tune again")
     best = max(complete, key=lambda t: t.value)
@@ -217,9 +218,10 @@ def write_overlay(
             "objective": f"{protocol.evaluation.select_by} on validation classes (best epoch"
                          f"{', mean over folds' if folds > 1 else ''})",
             "sampler": "TPE (seeded)", "pruner": "median",
-            "trials": sum(t.state.is_finished() for t in states),
+            "trials": sum(t.state in (COMPLETE, PRUNED) for t in states),
             "complete": len(complete),
-            "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in states),
+            "pruned": sum(t.state == PRUNED for t in states),
+            "interrupted": sum(t.state == optuna.trial.TrialState.FAIL for t in states),
             "best_trial": best.number, "best_value": round(float(best.value), 6),
             "paper_default_value": _default_value(complete, base),
             "figure": figure.name,

@@ -13,10 +13,21 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
+from harness.search import Float
 from methods._pml import pml_method
 
 
-@register_method("arcface", version=1, family="proxies", paper="arcface_cvpr2019")
+@register_method(
+    "arcface",
+    version=1,
+    family="proxies",
+    paper="arcface_cvpr2019",
+    search={
+        "margin_degrees": Float(10.0, 45.0),
+        "scale": Float(16.0, 64.0, log=True),
+        "class_lr_multiplier": Float(1.0, 1000.0, log=True),
+    },
+)
 def build(
     ctx: MethodContext,
     *,
@@ -31,7 +42,17 @@ def build(
     return pml_method(ctx, loss, lr_multiplier=class_lr_multiplier)
 
 
-@register_method("cosface", version=1, family="proxies", paper="cosface_cvpr2018")
+@register_method(
+    "cosface",
+    version=1,
+    family="proxies",
+    paper="cosface_cvpr2018",
+    search={
+        "margin": Float(0.05, 0.5),
+        "scale": Float(16.0, 64.0, log=True),
+        "class_lr_multiplier": Float(1.0, 1000.0, log=True),
+    },
+)
 def build_cosface(
     ctx: MethodContext,
     *,

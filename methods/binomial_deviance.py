@@ -25,6 +25,7 @@ from harness.method import (
     all_pairs,
     register_method,
 )
+from harness.search import Float
 
 
 def binomial_deviance(
@@ -56,7 +57,17 @@ def mine_all_pairs(out: Embedded, batch: Batch) -> Pairs:
     return all_pairs(batch.labels)
 
 
-@register_method("binomial_deviance", family="pairs", version=1, paper="binomial_deviance_icpr2014")
+@register_method(
+    "binomial_deviance",
+    family="pairs",
+    version=1,
+    paper="binomial_deviance_icpr2014",
+    search={
+        "alpha": Float(0.5, 8.0, log=True),
+        "beta": Float(0.0, 0.9),
+        "cost": Float(1.0, 50.0, log=True),
+    },
+)
 def build(
     ctx: MethodContext, *, alpha: float = 2.0, beta: float = 0.5, cost: float = 25.0
 ) -> Method:

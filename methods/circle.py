@@ -10,9 +10,16 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
+from harness.search import Float
 from methods._pml import AllTuples, pml_method
 
 
-@register_method("circle", version=1, family="pairs", paper="circle_cvpr2020")
+@register_method(
+    "circle",
+    version=1,
+    family="pairs",
+    paper="circle_cvpr2020",
+    search={"m": Float(0.1, 0.5), "gamma": Float(16.0, 256.0, log=True)},
+)
 def build(ctx: MethodContext, *, m: float = 0.4, gamma: float = 80.0) -> Method:
     return pml_method(ctx, losses.CircleLoss(m=m, gamma=gamma), AllTuples("pairs"))

@@ -21,6 +21,7 @@ from harness.method import (
     all_pairs,
     register_method,
 )
+from harness.search import Float
 from methods._pair_losses import contrastive_pair_loss, distance_matrix
 
 
@@ -41,7 +42,13 @@ def mine_all_pairs(out: Embedded, batch: Batch) -> Pairs:
     return all_pairs(batch.labels)
 
 
-@register_method("contrastive", family="pairs", version=2, paper="lifted_structure_cvpr2016")
+@register_method(
+    "contrastive",
+    family="pairs",
+    version=2,
+    paper="lifted_structure_cvpr2016",
+    search={"margin": Float(0.25, 2.0, log=True)},
+)
 def build(ctx: MethodContext, *, margin: float = 1.0) -> Method:
     return Method(
         head=EmbeddingHead(ctx.feature_dim, ctx.embedding_dim),

@@ -46,6 +46,7 @@ from harness.method import (
     all_pairs,
     register_method,
 )
+from harness.search import Float
 from methods._pair_losses import contrastive_pair_loss, distance_matrix
 
 
@@ -153,7 +154,13 @@ def _stages(ctx: MethodContext, stages: list[int]) -> list[int]:
     return resolved
 
 
-@register_method("hdc_contrastive", family="pairs", version=2, paper="hdc_iccv2017")
+@register_method(
+    "hdc_contrastive",
+    family="pairs",
+    version=2,
+    paper="hdc_iccv2017",
+    search={"margin": Float(0.25, 2.0, log=True)},
+)
 def build(
     ctx: MethodContext,
     *,
@@ -179,7 +186,13 @@ def build(
     )
 
 
-@register_method("hdc_contrastive_independent", family="pairs", version=2, paper="hdc_iccv2017")
+@register_method(
+    "hdc_contrastive_independent",
+    family="pairs",
+    version=2,
+    paper="hdc_iccv2017",
+    search={"margin": Float(0.25, 2.0, log=True)},
+)
 def build_independent(
     ctx: MethodContext,
     *,

@@ -35,6 +35,7 @@ from harness.method import (
     all_pairs,
     register_method,
 )
+from harness.search import Float
 
 
 def soft_histogram(s: torch.Tensor, delta: float, nodes: int) -> torch.Tensor:
@@ -77,7 +78,13 @@ def mine_all_pairs(out: Embedded, batch: Batch) -> Pairs:
     return all_pairs(batch.labels)
 
 
-@register_method("histogram", family="pairs", version=1, paper="histogram_nips2016")
+@register_method(
+    "histogram",
+    family="pairs",
+    version=1,
+    paper="histogram_nips2016",
+    search={"delta": Float(0.002, 0.05, log=True)},
+)
 def build(ctx: MethodContext, *, delta: float = 0.01) -> Method:
     """Histogram loss (Ustinova & Lempitsky 2016): P(negative pair more similar than positive)
     from soft histograms of the batch's cosine similarities, bin step Delta."""

@@ -38,6 +38,7 @@ from harness.method import (
     all_pairs,
     register_method,
 )
+from harness.search import Float
 from methods._pair_losses import distance_matrix, pair_values
 
 
@@ -71,7 +72,13 @@ def mine_dense_matrix(out: Embedded, batch: Batch) -> Pairs:
     return all_pairs(batch.labels)
 
 
-@register_method("lifted_structure", family="pairs", version=2, paper="lifted_structure_cvpr2016")
+@register_method(
+    "lifted_structure",
+    family="pairs",
+    version=2,
+    paper="lifted_structure_cvpr2016",
+    search={"margin": Float(0.25, 2.0, log=True)},
+)
 def build(ctx: MethodContext, *, margin: float = 1.0, normalize: bool = False) -> Method:
     return Method(
         head=EmbeddingHead(ctx.feature_dim, ctx.embedding_dim, normalize=normalize),

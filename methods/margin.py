@@ -14,10 +14,21 @@ from __future__ import annotations
 from pytorch_metric_learning import losses, miners
 
 from harness.method import Method, MethodContext, register_method
+from harness.search import Float
 from methods._pml import pml_method
 
 
-@register_method("margin", version=1, family="triplets", paper="sampling_matters_iccv2017")
+@register_method(
+    "margin",
+    version=1,
+    family="triplets",
+    paper="sampling_matters_iccv2017",
+    search={
+        "margin": Float(0.05, 0.5),
+        "beta": Float(0.6, 1.6),
+        "beta_lr_multiplier": Float(1.0, 1000.0, log=True),
+    },
+)
 def build(
     ctx: MethodContext,
     *,

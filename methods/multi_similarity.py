@@ -12,10 +12,22 @@ from __future__ import annotations
 from pytorch_metric_learning import losses, miners
 
 from harness.method import Method, MethodContext, register_method
+from harness.search import Float
 from methods._pml import pml_method
 
 
-@register_method("multi_similarity", version=1, family="pairs", paper="multi_similarity_cvpr2019")
+@register_method(
+    "multi_similarity",
+    version=1,
+    family="pairs",
+    paper="multi_similarity_cvpr2019",
+    search={
+        "alpha": Float(0.5, 8.0, log=True),
+        "beta": Float(10.0, 100.0, log=True),
+        "base": Float(0.3, 0.8),
+        "epsilon": Float(0.01, 0.3, log=True),
+    },
+)
 def build(
     ctx: MethodContext,
     *,

@@ -10,10 +10,20 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
+from harness.search import Float
 from methods._pml import pml_method
 
 
-@register_method("normalized_softmax", version=1, family="proxies", paper="normsoftmax_bmvc2019")
+@register_method(
+    "normalized_softmax",
+    version=1,
+    family="proxies",
+    paper="normsoftmax_bmvc2019",
+    search={
+        "temperature": Float(0.01, 0.2, log=True),
+        "class_lr_multiplier": Float(1.0, 1000.0, log=True),
+    },
+)
 def build(
     ctx: MethodContext, *, temperature: float = 0.05, class_lr_multiplier: float = 1.0
 ) -> Method:

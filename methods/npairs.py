@@ -31,6 +31,7 @@ from harness.method import (
     Pairs,
     register_method,
 )
+from harness.search import Float
 
 
 def npair_tuples(out: Embedded, batch: Batch) -> Pairs:
@@ -83,7 +84,13 @@ class NPairsLoss(nn.Module):
         return npairs_loss(emb[pairs.first], emb[pairs.second], anchor_labels, self.reg_lambda)
 
 
-@register_method("npairs", family="pairs", version=1, paper="npairs_nips2016")
+@register_method(
+    "npairs",
+    family="pairs",
+    version=1,
+    paper="npairs_nips2016",
+    search={"reg_lambda": Float(0.0002, 0.02, log=True)},
+)
 def build(ctx: MethodContext, *, reg_lambda: float = 0.002) -> Method:
     """Multi-class N-pair loss (Sohn 2016): one pair per class, other classes' positives as
     negatives, L2 penalty on the unnormalised embeddings."""

@@ -12,10 +12,21 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
+from harness.search import Float
 from methods._pml import pml_method
 
 
-@register_method("proxy_anchor", version=1, family="proxies", paper="proxy_anchor_cvpr2020")
+@register_method(
+    "proxy_anchor",
+    version=1,
+    family="proxies",
+    paper="proxy_anchor_cvpr2020",
+    search={
+        "alpha": Float(8.0, 64.0, log=True),
+        "delta": Float(0.0, 0.3),
+        "proxy_lr_multiplier": Float(1.0, 1000.0, log=True),
+    },
+)
 def build(
     ctx: MethodContext,
     *,

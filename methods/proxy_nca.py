@@ -17,10 +17,20 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
+from harness.search import Float
 from methods._pml import pml_method
 
 
-@register_method("proxy_nca", version=1, family="proxies", paper="proxy_nca_iccv2017")
+@register_method(
+    "proxy_nca",
+    version=1,
+    family="proxies",
+    paper="proxy_nca_iccv2017",
+    search={
+        "softmax_scale": Float(1.0, 32.0, log=True),
+        "proxy_lr_multiplier": Float(1.0, 1000.0, log=True),
+    },
+)
 def build(
     ctx: MethodContext, *, softmax_scale: float = 1.0, proxy_lr_multiplier: float = 1.0
 ) -> Method:
@@ -29,7 +39,16 @@ def build(
     return pml_method(ctx, loss, lr_multiplier=proxy_lr_multiplier)
 
 
-@register_method("proxy_nca_pp", version=1, family="proxies", paper="proxy_nca_pp_eccv2020")
+@register_method(
+    "proxy_nca_pp",
+    version=1,
+    family="proxies",
+    paper="proxy_nca_pp_eccv2020",
+    search={
+        "softmax_scale": Float(1.0, 32.0, log=True),
+        "proxy_lr_multiplier": Float(1.0, 1000.0, log=True),
+    },
+)
 def build_pp(
     ctx: MethodContext, *, softmax_scale: float = 9.0, proxy_lr_multiplier: float = 100.0
 ) -> Method:

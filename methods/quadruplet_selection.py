@@ -54,6 +54,7 @@ from harness.method import (
     Quadruplets,
     register_method,
 )
+from harness.search import Float
 from methods._pair_losses import distance_matrix, global_loss, pair_values
 
 
@@ -173,6 +174,11 @@ def _build(
     )
 
 
+# What `harness tune` may try: the two margins (Eq. 3-4) and the weight of the global term.
+SEARCH = {"margin_fine": Float(0.05, 0.5, log=True), "margin_coarse": Float(0.1, 1.0, log=True),
+          "global_weight": Float(0.1, 10.0, log=True)}  # fmt: skip
+
+
 def _register(name: str, miner: Miner, summary: str) -> None:
     def build(
         ctx: MethodContext,
@@ -193,7 +199,7 @@ def _register(name: str, miner: Miner, summary: str) -> None:
 
     build.__doc__ = summary
     register_method(name, family="quadruplets", version=2, paper="quadruplet_selection_icip2019",
-                    needs_coarse_labels=True)(build)  # fmt: skip
+                    needs_coarse_labels=True, search=SEARCH)(build)  # fmt: skip
 
 
 _register(

@@ -16,6 +16,7 @@ from pytorch_metric_learning import losses
 from torch import nn
 
 from harness.method import Batch, Embedded, Method, MethodContext, Mined, register_method
+from harness.search import Float
 from methods._pml import PmlLoss, pml_method
 
 
@@ -34,7 +35,18 @@ class CenterRegularised(nn.Module):
         return self.inner(out, batch, mined) + self.tau * reg / (c * k * (k - 1))
 
 
-@register_method("soft_triple", version=1, family="proxies", paper="softtriple_iccv2019")
+@register_method(
+    "soft_triple",
+    version=1,
+    family="proxies",
+    paper="softtriple_iccv2019",
+    search={
+        "la": Float(5.0, 50.0, log=True),
+        "gamma": Float(0.03, 0.3, log=True),
+        "margin": Float(0.0, 0.1),
+        "center_lr_multiplier": Float(1.0, 1000.0, log=True),
+    },
+)
 def build(
     ctx: MethodContext,
     *,

@@ -15,9 +15,16 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
+from harness.search import Float
 from methods._pml import AllTuples, pml_method
 
 
-@register_method("supcon", version=1, family="pairs", paper="supcon_neurips2020")
+@register_method(
+    "supcon",
+    version=1,
+    family="pairs",
+    paper="supcon_neurips2020",
+    search={"temperature": Float(0.03, 0.5, log=True)},
+)
 def build(ctx: MethodContext, *, temperature: float = 0.1) -> Method:
     return pml_method(ctx, losses.SupConLoss(temperature=temperature), AllTuples("pairs"))

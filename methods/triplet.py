@@ -21,6 +21,7 @@ from harness.method import (
     Triplets,
     register_method,
 )
+from harness.search import Float
 
 
 class SemiHardMiner:
@@ -46,7 +47,13 @@ class TripletLoss(nn.Module):
         return self.loss(out.embedding, batch.labels, mined.indices())
 
 
-@register_method("triplet", family="triplets", version=1, paper="facenet_cvpr2015")
+@register_method(
+    "triplet",
+    family="triplets",
+    version=1,
+    paper="facenet_cvpr2015",
+    search={"margin": Float(0.05, 1.0, log=True)},
+)
 def build(ctx: MethodContext, *, margin: float = 0.2) -> Method:
     return Method(
         head=EmbeddingHead(ctx.feature_dim, ctx.embedding_dim),

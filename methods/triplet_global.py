@@ -36,6 +36,7 @@ from harness.method import (
     Triplets,
     register_method,
 )
+from harness.search import Float
 from methods._pair_losses import (
     counted_moments,
     flat_index,
@@ -89,7 +90,17 @@ class TripletGlobalLoss(nn.Module):
         return triplet_term + global_term  # L_t + L_g
 
 
-@register_method("triplet_global", family="triplets", version=2, paper="global_loss_cvpr2016")
+@register_method(
+    "triplet_global",
+    family="triplets",
+    version=2,
+    paper="global_loss_cvpr2016",
+    search={
+        "margin": Float(0.05, 1.0, log=True),
+        "global_margin": Float(0.1, 1.0, log=True),
+        "mean_weight": Float(0.1, 10.0, log=True),
+    },
+)
 def build(
     ctx: MethodContext,
     *,

@@ -1,0 +1,111 @@
+"""Intervals and tests against hand-worked values (harness/stats.py, harness/verdicts.py)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.cli import main
+from harness.leaderboard import render
+from harness.protocol import load_protocol
+from harness.results import RESULT_SCHEMA
+from harness.stats import bootstrap_intervals, compare, holm, t_interval
+from harness.verdicts import against_best
+
+
+def test_t_interval_by_hand():
+    # (50, 70): mean 60, s = 14.142, se = 10, t_{0.975, 1} = 12.7062
+    mean, half = t_interval([0.5, 0.7])
+    assert mean == pytest.approx(0.6) and half == pytest.approx(1.270620, rel=1e-5)
+    # (1, 2, 3): s = 1, se = 0.57735, t_{0.975, 2} = 4.302653
+    assert t_interval([1, 2, 3])[1] == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert math.isnan(t_interval([0.3])[1]) and t_interval([0.3])[0] == 0.3
+
+
+def test_paired_t_by_hand():
+    # differences (0.05, 0.10, 0.05): mean 0.0667, s = 0.028868, se = 0.016667, t = 4.0 on
+    # 2 degrees of freedom: two-sided p = 0.05719; half-width 4.302653 * 0.016667 = 0.071711
+    a, b = {0: 0.50, 1: 0.60, 2: 0.70}, {0: 0.45, 1: 0.50, 2: 0.65}
+    c = compare(a, b)
+    assert c.test == "paired t" and c.n == 3
+    assert c.difference == pytest.approx(0.066667, rel=1e-4)
+    assert c.p == pytest.approx(0.057191, rel=1e-4)
+    assert c.half_width == pytest.approx(0.071711, rel=1e-4)
+
+
+def test_unpaired_and_untestable():
+    c = compare({0: 0.5, 1: 0.6}, {5: 0.4, 6: 0.45})  # no shared seed: Welch
+    assert c.test == "Welch t" and 0 < c.p < 1
+    assert compare({0: 0.5}, {0: 0.4}).test == "none"
+    assert math.isnan(compare({0: 0.5}, {0: 0.4}).p)
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.03, 0.04 -> 3 * 0.01 = 0.03, 2 * 0.03 = 0.06, max(0.06, 1 * 0.04) = 0.06
+    adj = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
+    assert adj["a"] == pytest.approx(0.03) and adj["c"] == pytest.approx(0.06)
+    assert adj["b"] == pytest.approx(0.06) and math.isnan(adj["d"])
+
+
+def test_bootstrap_over_queries():
+    assert bootstrap_intervals({"m": np.full(50, 0.7)})["m"] == pytest.approx([0.7, 0.7])
+    rng = np.random.default_rng(1)
+    hits = (rng.random(2000) < 0.3).astype(float)
+    ((low, high),) = bootstrap_intervals({"r": hits}, seed=3).values()
+    # normal approximation: mean ± 1.96 sqrt(p (1 - p) / n) = ± 0.0201
+    assert low < hits.mean() < high
+    assert (high - low) / 2 == pytest.approx(1.96 * math.sqrt(0.3 * 0.7 / 2000), rel=0.15)
+    again = bootstrap_intervals({"r": hits}, seed=3)
+    assert again == {"r": [low, high]}  # seeded: the same interval every time
+    with pytest.raises(ValueError, match="one value per query"):
+        bootstrap_intervals({"a": np.zeros(3), "b": np.zeros(4)})
+
+
+def _result(method: str, seed: int, value: float, hash_: str = "h1") -> dict:
+    return {
+        "schema": RESULT_SCHEMA, "status": "ok", "failure": None,
+        "protocol": {"name": "p", "version": 1, "hash": hash_, "content": {}},
+        "method": {"name": method, "version": 1, "hyperparameters": {}}, "seed": seed,
+        "training": {"max_steps": None},
+        "environment": {"git_commit": "abc", "hardware": {"device": "cpu"}},
+        "metrics": {"recall@1": value, "map@r": value},
+        "bootstrap": {"intervals": {"map@r": [value - 0.02, value + 0.02]}},
+        "finished_at": "2026-11-23T00:00:00+00:00",
+    }  # fmt: skip
+
+
+def test_leaderboard_marks_what_the_tests_cannot_tell_from_the_best():
+    runs = [_result("best", s, v) for s, v in enumerate([0.60, 0.62, 0.61])]
+    runs += [_result("close", s, v) for s, v in enumerate([0.61, 0.59, 0.60])]
+    runs += [_result("far", s, v) for s, v in enumerate([0.40, 0.41, 0.405])]
+    runs += [_result("single", 0, 0.5)]
+    _, marks = against_best({"best": {0: 0.6, 1: 0.62, 2: 0.61},
+                             "far": {0: 0.4, 1: 0.41, 2: 0.405}})  # fmt: skip
+    assert marks["best"] == "best" and marks["far"].startswith("below (p = ")
+    text = render(runs)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| best " in rows["best"]
+    assert "≈ best (p = " in rows["close"]
+    assert "below (p = " in rows["far"]
+    assert "1 seed: untested" in rows["single"]
+    assert "± 2.0" in rows["far"]  # the bootstrap half-width over test queries, in points
+    assert "95 % Student t-interval" in text and "Holm" in text
+
+
+def test_compare_prints_difference_interval_and_p(tmp_path: Path, capsys):
+    smoke = load_protocol("smoke")
+    for name, values in (("a", [0.50, 0.60, 0.70]), ("b", [0.45, 0.50, 0.65])):
+        for seed, v in enumerate(values):
+            path = tmp_path / "runs" / "smoke" / name / f"seed{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(_result(name, seed, v, smoke.hash)))
+    assert main(["compare", "a", "b", "--protocol", "smoke", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "difference +6.67 points" in out and "p = 0.0572" in out
+    assert "[-0.50, +13.84]" in out and "paired t test, n = 3" in out
+    assert main(["compare", "a", "nope", "--protocol", "smoke",
+                 "--results-dir", str(tmp_path)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no finished smoke run of 'nope'" in err

@@ -1,0 +1,140 @@
+"""`harness tune`: equal-budget Optuna studies on validation classes, resumable, never
+embedding the test split; `run --tuned` applies the overlay."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import harness.evaluate
+import harness.tune
+from harness.cli import main
+from harness.protocol import load_protocol
+from harness.runner import prepare_data
+from harness.shipped import PROTOCOL_DIR
+from harness.tune import class_folds
+
+
+@pytest.fixture
+def learning_val(tmp_path: Path) -> str:
+    """The learning protocol with 5 of its 20 training classes held out for validation."""
+    data = yaml.safe_load((PROTOCOL_DIR / "learning.yaml").read_text())
+    data["name"] = "learning_val"
+    data["split"]["validation_fraction"] = 0.25
+    path = tmp_path / "learning_val.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_refuses_a_protocol_without_validation_classes(tmp_path, capsys):
+    args = ["tune", "--protocol", "learning", "--method", "contrastive", "--trials", "2",
+            "--results-dir", str(tmp_path)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "carves no validation classes" in err
+    assert not (tmp_path / "tuning").exists()
+
+
+def test_folds_are_class_disjoint_and_cover_the_training_classes():
+    protocol = load_protocol("tuning")
+    data = prepare_data(protocol, None)
+    labels = data.data.labels
+    folds = class_folds(data.split, labels, 3)
+    pool = set(labels[data.split.train]) | set(labels[data.split.validation])
+    held = [set(labels[v]) for _, v in folds]
+    assert set().union(*held) == pool and sum(map(len, held)) == len(pool)  # a partition
+    for train_idx, val_idx in folds:
+        assert not set(labels[train_idx]) & set(labels[val_idx])
+        assert not set(labels[val_idx]) & set(labels[data.split.test])  # never the test
+
+
+def test_tune_never_embeds_the_test_split_and_run_tuned_applies_it(learning_val, tmp_path,
+                                                                   monkeypatch, capsys):  # fmt: skip
+    protocol = load_protocol(learning_val)
+    prepared = prepare_data(protocol, None)
+    test_images = {bytes(img.numpy()) for img in prepared.data.images[prepared.split.test]}
+    embedded: set[bytes] = set()
+    real_embed = harness.evaluate.embed
+
+    def spy(backbone, method, images, device, batch_size):
+        embedded.update(bytes(img.numpy()) for img in images)
+        return real_embed(backbone, method, images, device, batch_size)
+
+    monkeypatch.setattr(harness.evaluate, "embed", spy)
+    results = tmp_path / "results"
+    args = ["-q", "tune", "--protocol", learning_val, "--method", "contrastive", "--trials", "3",
+            "--max-steps", "30", "--results-dir", str(results)]  # fmt: skip
+    assert main(args) == 0
+    validation = {bytes(img.numpy()) for img in prepared.data.images[prepared.split.validation]}
+    assert validation <= embedded  # the trials were scored on the validation classes ...
+    assert not embedded & test_images  # ... and never saw a test image
+    overlay = yaml.safe_load((results / "tuning/learning_val/contrastive.yaml").read_text())
+    study = overlay["study"]
+    assert study["trials"] == 3 and study["folds"] == 1
+    assert study["paper_default_value"] is not None  # trial 0 is the paper's configuration
+    assert 0.25 <= overlay["hyperparameters"]["margin"] <= 2.0
+    assert (results / "tuning/learning_val/contrastive.png").is_file()
+    assert "contrastive: best" in capsys.readouterr().out
+
+    monkeypatch.setattr(harness.evaluate, "embed", real_embed)
+    assert main(["-q", "run", "--protocol", learning_val, "--method", "contrastive",
+                 "--tuned", "--max-steps", "10", "--results-dir", str(results)]) == 0  # fmt: skip
+    record = json.loads((results / "runs/learning_val/contrastive+tuned/seed0.json").read_text())
+    assert record["method"]["hyperparameters"] == overlay["hyperparameters"]
+    assert record["tuning"]["trials"] == 3 and record["tuning"]["overlay"].endswith(
+        "contrastive.yaml"
+    )
+    assert "| contrastive+tuned" in (results / "LEADERBOARD.md").read_text()
+    assert main(["-q", "run", "--protocol", learning_val, "--method", "triplet", "--tuned",
+                 "--results-dir", str(results)]) == 2  # fmt: skip
+    assert "no tuned configuration for triplet" in capsys.readouterr().err
+
+
+def test_an_interrupted_study_resumes_to_exactly_n_trials(learning_val, tmp_path, monkeypatch):
+    calls = []
+
+    def fake(self, hyper, report):  # a trial: the objective peaks at margin 0.8
+        calls.append(hyper["margin"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the user presses Ctrl-C in the third trial
+        report(1, 0.5)
+        return [1.0 - abs(hyper["margin"] - 0.8)]
+
+    monkeypatch.setattr(harness.tune.Trainer, "__call__", fake)
+    args = ["-q", "tune", "--protocol", learning_val, "--method", "contrastive", "--trials", "5",
+            "--results-dir", str(tmp_path)]  # fmt: skip
+    assert main(args) == 130
+    assert calls[0] == 1.0  # the paper default first
+    assert main(args) == 0  # resumed: 2 finished before, 3 more now
+    import optuna
+
+    storage = harness.tune.default_storage(tmp_path, "learning_val")
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    states = [t.state.name for t in study.trials]
+    assert states.count("COMPLETE") == 5 and states.count("FAIL") == 1
+    assert len(calls) == 6
+    assert main(args) == 0 and len(calls) == 6  # already complete: no new trial
+    overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
+    assert overlay["study"]["trials"] == 5 and overlay["study"]["interrupted"] == 1
+    best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert overlay["hyperparameters"]["margin"] == best.params["margin"]
+
+
+def test_tune_with_folds_averages_over_them(learning_val, tmp_path, monkeypatch):
+    seen = []
+    real = harness.tune.train
+
+    def spy(backbone, method, images, labels, *args, **kwargs):
+        seen.append(len(images))
+        return real(backbone, method, images, labels, *args, **kwargs)
+
+    monkeypatch.setattr(harness.tune, "train", spy)
+    assert main(["-q", "tune", "--protocol", learning_val, "--method", "contrastive", "--trials",
+                 "1", "--folds", "2", "--max-steps", "5", "--results-dir", str(tmp_path)]) == 0  # fmt: skip
+    assert seen == [80, 80]  # 20 pooled classes x 8 images, half trained on in each fold
+    overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
+    assert overlay["study"]["folds"] == 2 and "mean over folds" in overlay["study"]["objective"]
+    assert torch.get_num_threads() >= 1
