@@ -1,4 +1,4 @@
-"""Results -> markdown leaderboard: one table per protocol, mean +- std over seeds.
+"""Results -> markdown leaderboard: one table per protocol, mean and 95 % t-interval over seeds.
 
 Always regenerated from the result files, never edited by hand. Runs of an older protocol
 version (another hash) or with a shortened budget (--max-steps) get tables of their own:

@@ -139,6 +139,7 @@ def tune_method(
     data_root: str | None = None,
     device: str = "auto",
     max_steps: int | None = None,
+    progress: bool = False,
 ) -> Path:
     """Run (or resume) one method's study to `trials` finished trials; write its overlay and
     figure, and return the overlay's path."""
@@ -181,7 +182,7 @@ def tune_method(
     done = len(study.get_trials(deepcopy=False, states=finished))
     if done < trials:
         log.info("%s: %d of %d trials done; running %d", method, done, trials, trials - done)
-        study.optimize(objective, n_trials=trials - done, catch=(),
+        study.optimize(objective, n_trials=trials - done, catch=(), show_progress_bar=progress,
                        callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
     return write_overlay(study, protocol, method, spec.version, base, folds, storage, results_dir)
 
@@ -326,7 +327,7 @@ def cmd_tune(args: Any) -> int:
     names = [m.strip() for m in args.method.split(",") if m.strip()]
     written = tune(args.protocol, names, args.trials, folds=args.folds, storage=args.storage,
                    results_dir=args.results_dir, data_root=args.data_root, device=args.device,
-                   max_steps=args.max_steps)  # fmt: skip
+                   max_steps=args.max_steps, progress=not args.quiet)  # fmt: skip
     for name, path in written.items():
         study = yaml.safe_load(path.read_text(encoding="utf-8"))["study"]
         print(f"{name}: best {study['best_value']:.4f} (trial {study['best_trial']}; paper "
