@@ -171,6 +171,32 @@ def test_evaluate_all_vs_all_and_query_gallery(tmp_path: Path):
     assert json.loads(proc.stdout)["recall@1"] == 0.5
 
 
+def test_evaluate_clustering_option_picks_the_k_means_convention(tmp_path: Path, capsys):
+    from harness.metrics import compute_metrics
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(12), 6)
+    emb = rng.normal(size=(12, 8))[labels] + rng.normal(scale=0.6, size=(72, 8))
+    np.save(tmp_path / "e.npy", emb.astype(np.float32))
+    np.save(tmp_path / "l.npy", labels)
+    files = ["evaluate", "--embeddings", str(tmp_path / "e.npy"),
+             "--labels", str(tmp_path / "l.npy"), "--json"]  # fmt: skip
+    printed = {}
+    for convention in ("harness", "faiss"):
+        assert main([*files, "--clustering", convention]) == 0
+        printed[convention] = json.loads(capsys.readouterr().out)
+        expected = compute_metrics(emb.astype(np.float32), labels, kmeans_convention=convention)
+        assert printed[convention] == pytest.approx(expected, abs=1e-12)
+    assert printed["harness"]["nmi"] > printed["faiss"]["nmi"]  # here 0.839 against 0.755
+    assert main(files) == 0  # the default is the harness convention
+    assert json.loads(capsys.readouterr().out) == printed["harness"]
+    with pytest.raises(SystemExit) as info:
+        main([*files, "--clustering", "fais"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and "'fais'" in err
+
+
 @pytest.mark.parametrize(
     "args, fragments",
     [
