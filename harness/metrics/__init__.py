@@ -45,8 +45,8 @@ Clustering metrics
     are deterministic for a given ``seed``:
 
     * ``"harness"`` (the default): greedy k-means++ start seeded by ``seed``, then up to 100
-      Lloyd iterations (faiss when it imports, else torch). It reaches a lower inertia, so its
-      NMI is a few hundredths (typically 0.03-0.04) higher than "faiss" on the same embeddings.
+      Lloyd iterations (faiss when it imports, else torch). It reaches a lower inertia, and
+      usually an NMI a few hundredths (0.02-0.04) higher than "faiss" on the same embeddings.
     * ``"faiss"``: the k-means behind the published tables (pytorch-metric-learning's
       AccuracyCalculator, Roth et al.): faiss.Kmeans with 20 iterations from faiss's random
       start, with ``seed`` as faiss's seed (pytorch-metric-learning keeps faiss's default, 1234)

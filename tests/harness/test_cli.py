@@ -55,11 +55,13 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
     assert record["tuples"]["kind"] == "pairs" and record["tuples"]["per_step"] == 120
     assert set(record["metrics"]) >= {"recall@1", "recall@2", "map@r", "nmi", "f1", "map"}
     # a fresh result has every key of a committed (schema-1) one, plus the sweep's seeds and
-    # the bootstrap intervals over test queries (one per retrieval metric, low <= mean <= high)
+    # the bootstrap intervals over test queries (one per retrieval metric, low <= mean <= high),
+    # and the k-means convention of its nmi and f1
     assert record["schema"] == 2 and record["sweep_seeds"] == [0]
+    assert record["clustering_convention"] == "harness"
     committed = json.loads((REPO / "results/runs/default/contrastive/seed0.json").read_text())
     boot = record["bootstrap"]
-    assert _keys(record) == _keys(committed) | {"sweep_seeds"} | {
+    assert _keys(record) == _keys(committed) | {"sweep_seeds", "clustering_convention"} | {
         f"bootstrap.{k}" for k in ("unit", "resamples", "seed", "confidence", "intervals")
     } | {"bootstrap"}
     assert boot["resamples"] == 1000 and set(boot["intervals"]) == {
