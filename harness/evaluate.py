@@ -60,7 +60,8 @@ def evaluate(
     Returns the metrics and timings; all-vs-all also gives the metrics of each sub-embedding
     (e.g. HDC's single heads, ranked by Euclidean distance under the same definitions; the
     method's scorer, if any, applies to the full embedding only) and the histogram of the pair
-    distances. Clustering metrics cluster queries and gallery together (see harness.metrics)."""
+    distances. Clustering metrics cluster queries and gallery together, with the protocol's
+    k-means convention (`evaluation.clustering`; see harness.metrics)."""
     start = time.perf_counter()
     batch = protocol.evaluation.batch_size
     if gallery is None:  # the parts are scored all-vs-all only
@@ -73,9 +74,11 @@ def evaluate(
                         torch.as_tensor(gallery[1]))  # fmt: skip
     embed_seconds = time.perf_counter() - start
     ks, names = tuple(protocol.evaluation.recall_ks), _expand(protocol)
+    convention = protocol.evaluation.clustering
     report = compute_report(
         embeddings, torch.as_tensor(labels), *gallery_args, recall_ks=ks, metrics=names,
-        scorer=ranking_scorer(method, protocol), seed=seed, device=device,
+        scorer=ranking_scorer(method, protocol), seed=seed, kmeans_convention=convention,
+        device=device,
     )  # fmt: skip
     metrics = report.metrics
     by_part: dict[str, dict[str, float]] = {}
@@ -83,7 +86,13 @@ def evaluate(
     if gallery is None:
         by_part = {
             name: compute_metrics(
-                part, torch.as_tensor(labels), recall_ks=ks, metrics=names, seed=seed, device=device
+                part,
+                torch.as_tensor(labels),
+                recall_ks=ks,
+                metrics=names,
+                seed=seed,
+                kmeans_convention=convention,
+                device=device,
             )  # fmt: skip
             for name, part in parts.items()
         }
@@ -96,7 +105,7 @@ def evaluate(
         "unit": "test queries", "resamples": BOOTSTRAP_RESAMPLES, "seed": seed,
         "confidence": CONFIDENCE, "intervals": bootstrap_intervals(report.per_query, seed=seed),
     }  # fmt: skip
-    return Evaluation(metrics, timings, by_part, distances, bootstrap)
+    return Evaluation(metrics, timings, by_part, distances, bootstrap, report.kmeans_convention)
 
 
 @dataclass
@@ -109,6 +118,7 @@ class Evaluation:
     distances: dict[str, list[float]] = field(default_factory=dict)
     # percentile intervals of each retrieval metric over resampled test queries (harness.stats)
     bootstrap: dict[str, object] = field(default_factory=dict)
+    clustering: str | None = None  # the k-means convention of nmi and f1; None without them
 
 
 HISTOGRAM_BINS = 50
@@ -169,7 +179,7 @@ def selection_score(
     name = protocol.evaluation.select_by
     metrics = compute_metrics(
         embeddings, torch.as_tensor(labels), recall_ks=(1,), metrics=(name,), scorer=scorer,
-        seed=seed, device=device,
+        seed=seed, kmeans_convention=protocol.evaluation.clustering, device=device,
     )  # fmt: skip
     return metrics[name]
 

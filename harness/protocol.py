@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from harness.errors import HarnessError
-from harness.metrics import METRIC_NAMES
+from harness.metrics import KMEANS_CONVENTIONS, METRIC_NAMES
 from harness.registry import closest
 from harness.shipped import PROTOCOL_DIR
 
@@ -149,10 +149,18 @@ class EvaluationSpec:
     # With a validation split, the epoch whose weights score best on it by this metric is the
     # one tested (model selection that never looks at the test split).
     select_by: str = "map@r"
+    # The k-means behind nmi and f1 (harness.metrics.clustering.kmeans): "harness" (k-means++
+    # start, up to 100 iterations) or "faiss" (the published tables' faiss k-means).
+    clustering: str = "harness"
 
     def __post_init__(self) -> None:
         _check(
             self.select_by in METRIC_NAMES, f"select_by must be one of {', '.join(METRIC_NAMES)}"
+        )
+        _check(
+            self.clustering in KMEANS_CONVENTIONS,
+            f"clustering (the k-means convention) must be {' or '.join(KMEANS_CONVENTIONS)}, got"
+            f" {self.clustering!r}{closest(self.clustering, KMEANS_CONVENTIONS)}",
         )
         _check(len(self.recall_ks) > 0 and min(self.recall_ks) >= 1, "recall_ks must be >= 1")
         _check(self.batch_size >= 1, "batch_size must be >= 1")
@@ -223,8 +231,9 @@ class Protocol:
             data["split"].pop("official")
         if not self.paper.reference:
             data.pop("paper")
-        if data["evaluation"]["select_by"] == "map@r":
-            data["evaluation"].pop("select_by")
+        for key, default in (("select_by", "map@r"), ("clustering", "harness")):
+            if data["evaluation"][key] == default:
+                data["evaluation"].pop(key)
         return data
 
     @property

@@ -6,8 +6,9 @@ leaderboard, figures, check and the runner's skip-if-finished logic read one.
 
 Schemas: 2 adds the optional `sweep_seeds` (the seeds the run's sweep asked for) to schema 1;
 nothing else changed, so schema-1 files load as they are (their `sweep_seeds` is absent and
-readers fall back to the protocol's seeds). A newer or unknown schema is refused with a
-one-line error saying what to do.
+readers fall back to the protocol's seeds). The optional `clustering_convention` (the k-means
+behind nmi and f1) came later within schema 2: files without it used "harness". A newer or
+unknown schema is refused with a one-line error saying what to do.
 """
 
 from __future__ import annotations
@@ -226,6 +227,8 @@ class RunResult(Record):
     metrics_by_part: dict[str, dict[str, float]] | None = optional()
     # retrieval metrics' percentile intervals over resampled test queries (harness.stats)
     bootstrap: dict[str, Any] | None = optional()
+    # k-means convention of nmi and f1 ("harness" or "faiss"); see `kmeans_convention`
+    clustering_convention: str | None = optional()
     timings: dict[str, float] | None = optional()
     tuples: TupleCounts | None = optional()
     selection: Selection | None = optional()
@@ -247,6 +250,13 @@ class RunResult(Record):
     @property
     def hardware(self) -> Hardware:
         return self.environment.hardware if self.environment else Hardware()
+
+    @property
+    def kmeans_convention(self) -> str | None:
+        """The k-means convention behind nmi and f1: recorded since it could be chosen; older
+        results with clustering metrics used "harness". None without clustering metrics."""
+        clustered = any(name in (self.metrics or {}) for name in ("nmi", "f1"))
+        return self.clustering_convention or ("harness" if clustered else None)
 
     def asked_seeds(self) -> list[int]:
         """The seeds this run's sweep asked for: recorded since schema 2, else the protocol's."""

@@ -385,6 +385,7 @@ def _execute(
     if result.distances:
         record.distances = result.distances
     record.bootstrap = result.bootstrap or None
+    record.clustering_convention = result.clustering
     _record_outcome(record, stats, protocol.evaluation.select_by, result.metrics, result.by_part,
                     result.timings)  # fmt: skip
     record.retrieval = retrieval_record(method, protocol, len(split.test))

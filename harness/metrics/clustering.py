@@ -1,4 +1,4 @@
-"""Clustering metrics: k-means (greedy k-means++ start, then Lloyd), NMI and pairwise F1."""
+"""Clustering metrics: k-means (two conventions, see kmeans), NMI and pairwise F1."""
 
 from __future__ import annotations
 
@@ -10,13 +10,24 @@ import torch
 
 from harness.devices import resolve_device
 from harness.errors import HarnessError
-from harness.metrics.inputs import KMEANS_BACKENDS, Array, check_int, label_array, to_embeddings
+from harness.metrics.inputs import (
+    KMEANS_BACKENDS,
+    KMEANS_CONVENTIONS,
+    Array,
+    check_int,
+    label_array,
+    to_embeddings,
+)
 from harness.registry import closest
 
 try:  # faiss is optional: everything has a torch fallback.
     import faiss
 except ImportError:  # pragma: no cover - depends on the environment
     faiss = None
+
+#: Lloyd iterations of each k-means convention (see kmeans).
+HARNESS_CONVENTION_NITER = 100
+FAISS_CONVENTION_NITER = 20  # pytorch-metric-learning's AccuracyCalculator: FaissKMeans(niter=20)
 
 
 def nmi(cluster_ids: Array | Sequence[int], labels: Array | Sequence[int]) -> float:
@@ -57,26 +68,96 @@ def kmeans(
     k: int,
     seed: int = 0,
     *,
-    niter: int = 100,
+    convention: str = "harness",
+    niter: int | None = None,
     backend: str = "auto",
     device: str | torch.device | None = None,
 ) -> np.ndarray:
     """Cluster the rows of ``x`` [N, D] into ``k`` clusters; returns int64 cluster ids [N].
 
-    Greedy k-means++ initialisation (a torch.Generator seeded with ``seed``; see
-    ``_kmeans_pp_init``), then at most ``niter`` Lloyd iterations in float32: faiss.Kmeans when
-    faiss imports ("auto"), else a chunked torch implementation (empty clusters move to the points
-    farthest from their centroid). Both backends start from the same centres; the k-means++
-    start replaces faiss's default random one, which often merges well-separated classes.
-    Deterministic for a fixed seed on CPU.
+    Two conventions, both deterministic for a fixed ``seed`` on CPU:
+
+    * ``"harness"``: greedy k-means++ initialisation (a torch.Generator seeded with ``seed``;
+      see ``_kmeans_pp_init``), then at most ``niter`` (default 100) Lloyd iterations in
+      float32: faiss.Kmeans when faiss imports ("auto"), else a chunked torch implementation
+      (empty clusters move to the points farthest from their centroid). Both backends start
+      from the same centres; the k-means++ start replaces faiss's default random one, which
+      often merges well-separated classes, so this convention reaches a lower inertia.
+    * ``"faiss"``: the k-means behind the published NMI tables, see :func:`kmeans_faiss`
+      (faiss's random start, ``niter`` default 20). Needs faiss; ``backend`` must be "auto"
+      or "faiss".
     """
+    if convention not in KMEANS_CONVENTIONS:
+        raise HarnessError(
+            f"unknown k-means convention {convention!r}"
+            f"{closest(str(convention), KMEANS_CONVENTIONS, ignore_case=True)};"
+            f" choose one of {', '.join(KMEANS_CONVENTIONS)}"
+        )
     if backend not in KMEANS_BACKENDS:
         raise HarnessError(
             f"unknown k-means backend {backend!r}{closest(str(backend), KMEANS_BACKENDS, ignore_case=True)};"
             f" choose one of {', '.join(KMEANS_BACKENDS)}"
         )
+    if convention == "faiss":
+        if backend == "torch":
+            raise HarnessError(
+                "the 'faiss' k-means convention is faiss's own k-means; use backend 'auto' or"
+                " 'faiss', or the 'harness' convention for the torch backend"
+            )
+        return kmeans_faiss(x, k, seed, niter=FAISS_CONVENTION_NITER if niter is None else niter)
     if backend == "faiss" and faiss is None:
         raise HarnessError("k-means backend 'faiss' needs faiss; install faiss-cpu or use 'torch'")
+    niter = HARNESS_CONVENTION_NITER if niter is None else niter
+    xt = _checked_input(x, k, seed, niter, device)
+    init = _kmeans_pp_init(xt, k, seed)
+    if backend == "faiss" or (backend == "auto" and faiss is not None):
+        return _kmeans_faiss(xt, init, niter, seed)
+    return _kmeans_torch(xt, init, niter).cpu().numpy()
+
+
+def kmeans_faiss(x: Array, k: int, seed: int = 0, *, niter: int = 20) -> np.ndarray:
+    """The "faiss" convention: pytorch-metric-learning 2.9.0's k-means, as its
+    AccuracyCalculator runs it for NMI (``FaissKMeans(niter=20)`` in
+    ``pytorch_metric_learning/utils/inference.py``), the one behind the published tables.
+
+    faiss.Kmeans(d, k, niter=20) with faiss's other defaults: the start is k distinct points
+    drawn at random by faiss's generator, one run (nredo 1), float32, and every point is then
+    assigned to its nearest final centroid. Two departures, neither of which changes a label
+    on the benchmarks:
+
+    * seed: pytorch-metric-learning leaves faiss's default seed, 1234; we pass the run's
+      ``seed`` (modulo 2**31, faiss's seed is a C int), so seeds vary the start as they vary
+      the rest of the run. ``seed=1234`` reproduces pytorch-metric-learning's labels exactly.
+    * max_points_per_centroid: faiss's default, 256, trains on a random subsample when there
+      are more than 256 points per cluster; we never subsample (as pytorch-metric-learning's
+      older ``stat_utils.run_kmeans`` and Roth et al. set it large). The CUB-200, Cars196, SOP
+      and In-shop test sets have far fewer points per class, so no one subsamples there.
+      min_points_per_centroid 1 only silences faiss's "provide at least ..." warning.
+
+    Always faiss on CPU (pytorch-metric-learning uses faiss's GPU index on CUDA, whose float
+    sums may differ in the last bits). Raises a one-line HarnessError when faiss is missing.
+    """
+    if faiss is None:
+        raise HarnessError(
+            "the 'faiss' k-means convention needs faiss; install faiss-cpu"
+            " (pip install faiss-cpu) or use the 'harness' convention"
+        )
+    xt = _checked_input(x, k, seed, niter, "cpu")
+    x_np = np.ascontiguousarray(xt.numpy(), dtype=np.float32)
+    n, d = x_np.shape
+    km = faiss.Kmeans(
+        d, k, niter=niter, seed=seed % 2**31, verbose=False,
+        min_points_per_centroid=1, max_points_per_centroid=max(n, 1),
+    )  # fmt: skip
+    km.train(x_np)
+    _, assignment = km.index.search(x_np, 1)
+    return assignment[:, 0].astype(np.int64)
+
+
+def _checked_input(
+    x: Array, k: int, seed: int, niter: int, device: str | torch.device | None
+) -> torch.Tensor:
+    """``x`` as float32 rows on the device, after checking seed, niter and k <= N."""
     check_int("seed", seed, minimum=0)
     check_int("niter", niter, minimum=1)
     dev = resolve_device(device, x)
@@ -85,10 +166,7 @@ def kmeans(
     check_int("k", k, minimum=1)
     if n < k:
         raise HarnessError(f"k-means needs at least k={k} points, got {n}; lower k")
-    init = _kmeans_pp_init(xt, k, seed)
-    if backend == "faiss" or (backend == "auto" and faiss is not None):
-        return _kmeans_faiss(xt, init, niter, seed)
-    return _kmeans_torch(xt, init, niter).cpu().numpy()
+    return xt
 
 
 def _kmeans_pp_init(x: torch.Tensor, k: int, seed: int) -> torch.Tensor:

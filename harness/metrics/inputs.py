@@ -35,6 +35,10 @@ FAISS_AUTO_MIN_GALLERY = 20_000
 
 KNN_BACKENDS: tuple[str, ...] = ("auto", "faiss", "torch")
 KMEANS_BACKENDS: tuple[str, ...] = ("auto", "faiss", "torch")
+#: How k-means runs for nmi and f1 (see harness.metrics.clustering.kmeans): "harness" (greedy
+#: k-means++ start, up to 100 Lloyd iterations) or "faiss" (pytorch-metric-learning's and the
+#: published tables' faiss k-means: random start, 20 iterations).
+KMEANS_CONVENTIONS: tuple[str, ...] = ("harness", "faiss")
 
 Array = torch.Tensor | np.ndarray
 

@@ -16,6 +16,7 @@ from harness.metrics.distances import PairMoments
 from harness.metrics.fast_topk import fast_topk_pass
 from harness.metrics.inputs import (
     CLUSTERING_METRICS,
+    KMEANS_CONVENTIONS,
     KNN_BACKENDS,
     METRIC_NAMES,
     RETRIEVAL_METRICS,
@@ -46,6 +47,7 @@ class MetricReport:
     knn_backend: str | None  # backend that served the top-K neighbours; None when not needed
     # each retrieval metric's value per non-lone query (one order for all): for the bootstrap
     per_query: dict[str, np.ndarray] = field(default_factory=dict)
+    kmeans_convention: str | None = None  # "harness" or "faiss"; None without clustering metrics
 
 
 def compute_metrics(
@@ -60,6 +62,7 @@ def compute_metrics(
     knn_backend: str = "auto",
     num_clusters: int | None = None,
     seed: int = 0,
+    kmeans_convention: str = "harness",
     device: str | torch.device | None = None,
     chunk_size: int = 1024,
 ) -> dict[str, float]:
@@ -68,12 +71,15 @@ def compute_metrics(
     Without a gallery every query ranks all other queries (all-vs-all). ``scorer(q, g)`` may
     replace Euclidean ranking: it gets a chunk of queries [q, D] and the gallery [G, D] as tensors
     on ``device`` (the embeddings' floating dtype, at least float32) and returns [q, G]
-    similarities, higher meaning closer. See the package docstring for every definition.
+    similarities, higher meaning closer. ``kmeans_convention`` picks the k-means behind nmi
+    and f1: "harness" (k-means++ start, up to 100 iterations) or "faiss" (the published tables'
+    faiss k-means, seeded with ``seed``). See the package docstring for every definition.
     """
     return compute_report(
         query_embeddings, query_labels, gallery_embeddings, gallery_labels,
         recall_ks=recall_ks, metrics=metrics, scorer=scorer, knn_backend=knn_backend,
-        num_clusters=num_clusters, seed=seed, device=device, chunk_size=chunk_size,
+        num_clusters=num_clusters, seed=seed, kmeans_convention=kmeans_convention,
+        device=device, chunk_size=chunk_size,
     ).metrics  # fmt: skip
 
 
@@ -89,12 +95,14 @@ def compute_report(
     knn_backend: str = "auto",
     num_clusters: int | None = None,
     seed: int = 0,
+    kmeans_convention: str = "harness",
     device: str | torch.device | None = None,
     chunk_size: int = 1024,
 ) -> MetricReport:
     """Like :func:`compute_metrics`, but also returns the query, lone-query and cluster counts."""
     ks, names = parse_metrics(metrics, recall_ks)
     _check_options(chunk_size, seed, knn_backend, scorer)
+    _check_convention(kmeans_convention, names)
     dev = resolve_device(device, query_embeddings)
     split = _split(query_embeddings, query_labels, gallery_embeddings, gallery_labels, dev)
     result: dict[str, float] = {}
@@ -102,7 +110,7 @@ def compute_report(
     backend = _distance_metrics(
         split, ks, names, scorer, knn_backend, chunk_size, result, per_query
     )
-    k_used = _clustering_metrics(split, names, num_clusters, seed, result)
+    k_used = _clustering_metrics(split, names, num_clusters, seed, kmeans_convention, result)
     order = [f"recall@{k}" for k in ks] + [n for n in METRIC_NAMES if n != "recall@K"]
     ordered = {
         key: float(result[key])
@@ -119,6 +127,7 @@ def compute_report(
         num_clusters=k_used,
         knn_backend=backend,
         per_query=per_query,
+        kmeans_convention=kmeans_convention if k_used is not None else None,
     )
 
 
@@ -188,6 +197,21 @@ def _check_options(chunk_size: object, seed: object, knn_backend: str, scorer: o
     if knn_backend == "faiss" and topk.faiss is None:
         raise HarnessError(
             "knn_backend='faiss' needs the faiss package; install faiss-cpu or use 'torch'"
+        )
+
+
+def _check_convention(convention: object, names: set[str]) -> None:
+    """A known k-means convention; "faiss" needs faiss when a clustering metric is asked for."""
+    if convention not in KMEANS_CONVENTIONS:
+        raise HarnessError(
+            f"unknown kmeans_convention {convention!r}"
+            f"{closest(str(convention), KMEANS_CONVENTIONS, ignore_case=True)};"
+            f" choose one of {', '.join(KMEANS_CONVENTIONS)}"
+        )
+    if convention == "faiss" and clustering.faiss is None and names & set(CLUSTERING_METRICS):
+        raise HarnessError(
+            "kmeans_convention='faiss' needs the faiss package; install faiss-cpu"
+            " (pip install faiss-cpu) or use 'harness'"
         )
 
 
@@ -310,7 +334,12 @@ def _top_k_backend(
 
 
 def _clustering_metrics(
-    split: Split, names: set[str], num_clusters: int | None, seed: int, result: dict[str, float]
+    split: Split,
+    names: set[str],
+    num_clusters: int | None,
+    seed: int,
+    convention: str,
+    result: dict[str, float],
 ) -> int | None:
     """k-means over the evaluated items, then NMI and F1; returns the k used (None if none)."""
     if not any(n in names for n in CLUSTERING_METRICS):
@@ -325,7 +354,7 @@ def _clustering_metrics(
         raise HarnessError(
             f"num_clusters={k_used} is more than the {len(y)} items to cluster; lower num_clusters"
         )
-    assignment = clustering.kmeans(x, k_used, seed, device=x.device)
+    assignment = clustering.kmeans(x, k_used, seed, convention=convention, device=x.device)
     y_np = y.cpu().numpy()
     if "nmi" in names:
         result["nmi"] = clustering.nmi(assignment, y_np)

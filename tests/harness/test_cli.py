@@ -55,11 +55,13 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
     assert record["tuples"]["kind"] == "pairs" and record["tuples"]["per_step"] == 120
     assert set(record["metrics"]) >= {"recall@1", "recall@2", "map@r", "nmi", "f1", "map"}
     # a fresh result has every key of a committed (schema-1) one, plus the sweep's seeds and
-    # the bootstrap intervals over test queries (one per retrieval metric, low <= mean <= high)
+    # the bootstrap intervals over test queries (one per retrieval metric, low <= mean <= high),
+    # and the k-means convention of its nmi and f1
     assert record["schema"] == 2 and record["sweep_seeds"] == [0]
+    assert record["clustering_convention"] == "harness"
     committed = json.loads((REPO / "results/runs/default/contrastive/seed0.json").read_text())
     boot = record["bootstrap"]
-    assert _keys(record) == _keys(committed) | {"sweep_seeds"} | {
+    assert _keys(record) == _keys(committed) | {"sweep_seeds", "clustering_convention"} | {
         f"bootstrap.{k}" for k in ("unit", "resamples", "seed", "confidence", "intervals")
     } | {"bootstrap"}
     assert boot["resamples"] == 1000 and set(boot["intervals"]) == {
@@ -169,6 +171,32 @@ def test_evaluate_all_vs_all_and_query_gallery(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     # query 0 (label 0) sits next to the label-1 items, query 1 next to the label-0 items
     assert json.loads(proc.stdout)["recall@1"] == 0.5
+
+
+def test_evaluate_clustering_option_picks_the_k_means_convention(tmp_path: Path, capsys):
+    from harness.metrics import compute_metrics
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(12), 6)
+    emb = rng.normal(size=(12, 8))[labels] + rng.normal(scale=0.6, size=(72, 8))
+    np.save(tmp_path / "e.npy", emb.astype(np.float32))
+    np.save(tmp_path / "l.npy", labels)
+    files = ["evaluate", "--embeddings", str(tmp_path / "e.npy"),
+             "--labels", str(tmp_path / "l.npy"), "--json"]  # fmt: skip
+    printed = {}
+    for convention in ("harness", "faiss"):
+        assert main([*files, "--clustering", convention]) == 0
+        printed[convention] = json.loads(capsys.readouterr().out)
+        expected = compute_metrics(emb.astype(np.float32), labels, kmeans_convention=convention)
+        assert printed[convention] == pytest.approx(expected, abs=1e-12)
+    assert printed["harness"]["nmi"] > printed["faiss"]["nmi"]  # here 0.839 against 0.755
+    assert main(files) == 0  # the default is the harness convention
+    assert json.loads(capsys.readouterr().out) == printed["harness"]
+    with pytest.raises(SystemExit) as info:
+        main([*files, "--clustering", "fais"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and "'fais'" in err
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ def test_one_evaluate_for_all_vs_all_and_query_gallery():
     method = Method(head=_Pooled(), sub_embeddings=("half",))
     protocol = SimpleNamespace(evaluation=SimpleNamespace(
         batch_size=7, recall_ks=(1, 2), metrics=("recall@K", "map", "nmi"), scorer_mode="exact",
-        rerank_top=5))  # fmt: skip
+        rerank_top=5, clustering="harness"))  # fmt: skip
     gen = torch.Generator().manual_seed(3)
     images = torch.randint(0, 256, (40, channels, 1, 1), generator=gen, dtype=torch.uint8)
     labels = np.arange(40) % 5
@@ -73,7 +73,7 @@ def test_one_evaluate_for_all_vs_all_and_query_gallery():
     names = ["recall@1", "recall@2", "map", "nmi"]
     cpu = torch.device("cpu")
     whole = evaluate(backbone, method, images, labels, protocol, cpu, 0)
-    assert isinstance(whole, Evaluation)
+    assert isinstance(whole, Evaluation) and whole.clustering == "harness"
     assert whole.metrics == compute_metrics(emb, labels, metrics=names)
     assert whole.by_part == {"half": compute_metrics(emb[:, :2], labels, metrics=names)}
     assert set(whole.distances) == {"edges", "positive", "negative"}
@@ -84,3 +84,29 @@ def test_one_evaluate_for_all_vs_all_and_query_gallery():
     expected = compute_metrics(emb[:15], labels[:15], emb[15:], labels[15:], metrics=names)
     assert split.metrics == expected
     assert (split.by_part, split.distances) == ({}, {})
+
+
+def test_evaluate_clusters_with_the_protocols_k_means_convention():
+    channels = 4
+    backbone = Backbone([torch.nn.Identity()], [channels], channels, (0.0,) * 4, (1.0,) * 4)
+    method = Method(head=_Pooled(), sub_embeddings=("half",))
+    evaluation = SimpleNamespace(batch_size=16, recall_ks=(1,), metrics=("recall@K", "nmi", "f1"),
+                                 scorer_mode="exact", rerank_top=5, clustering="faiss")  # fmt: skip
+    protocol = SimpleNamespace(evaluation=evaluation)
+    gen = torch.Generator().manual_seed(4)
+    images = torch.randint(0, 256, (60, channels, 1, 1), generator=gen, dtype=torch.uint8)
+    labels = np.arange(60) % 6
+    emb = images.float().div(255.0).flatten(1)
+    names = ["recall@1", "nmi", "f1"]
+    got = evaluate(backbone, method, images, labels, protocol, torch.device("cpu"), 5)
+    assert got.clustering == "faiss"
+    assert got.metrics == compute_metrics(emb, labels, metrics=names, seed=5,
+                                          kmeans_convention="faiss")  # fmt: skip
+    assert got.by_part["half"] == compute_metrics(emb[:, :2], labels, metrics=names, seed=5,
+                                                  kmeans_convention="faiss")  # fmt: skip
+    assert got.metrics != compute_metrics(emb, labels, metrics=names, seed=5)  # harness differs
+    evaluation.metrics = ("recall@K",)  # nothing clustered: no convention to record
+    assert (
+        evaluate(backbone, method, images, labels, protocol, torch.device("cpu"), 5).clustering
+        is None
+    )

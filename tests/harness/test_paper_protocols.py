@@ -33,6 +33,8 @@ def test_the_issue_protocols_are_shipped():
     for name in PAPER_PROTOCOLS:
         p = load_protocol(name)
         assert p.backbone.pretrained == "imagenet" and p.split.official, name
+        # NMI and F1 as the published tables compute them (version 2 made it so)
+        assert p.evaluation.clustering == "faiss" and p.version >= 2, name
         if name.startswith("fair_"):
             assert (p.backbone.name, p.embedding_dim, p.sampler.batch_size, p.seeds) == (
                 "resnet50", 128, 112, [0, 1, 2]) and p.backbone.frozen_batchnorm  # fmt: skip
@@ -40,12 +42,17 @@ def test_the_issue_protocols_are_shipped():
 
 
 def test_older_protocols_keep_their_hashes():
-    """New protocol fields (official splits, weights files, paper references, select_by) are
-    left out of the hash at their defaults. Pinned at version 2 of default and smoke (the LDA
-    score joined the default metric list) and version 3 of regression (75 steps, 4 seeds)."""
+    """New protocol fields (official splits, weights files, paper references, select_by,
+    evaluation.clustering) are left out of the hash at their defaults. Pinned at version 2 of
+    default and smoke (the LDA score joined the default metric list) and version 3 of
+    regression (75 steps, 4 seeds); learning and omniglot as they were before clustering came."""
     assert load_protocol("default").hash == "670046f33590fcbd"
     assert load_protocol("smoke").hash == "8e0660117b43d4e7"
     assert load_protocol("regression").hash == "c0a372a16735bd53"
+    assert load_protocol("learning").hash == "a23be857de690a7d"
+    assert load_protocol("omniglot").hash == "dbf1b2b5312a24d6"
+    for name in ("default", "smoke", "regression", "learning", "omniglot"):
+        assert load_protocol(name).evaluation.clustering == "harness"
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,9 @@ def test_protocol_is_frozen():
         (("seeds", []), "at least one seed"),
         (("schema", 7), "schema 7 is not supported"),
         (("backbone.input_size", True), "expected int"),
+        (("evaluation.clustering", "fais"), "must be harness or faiss, got 'fais' (did you mean"),
+        (("evaluation.clustering", "sklearn"), "clustering (the k-means convention) must be"),
+        (("evaluation.clustering", 1), "evaluation.clustering: expected str"),
     ],
 )
 def test_bad_values_are_one_line_errors(change, message):
@@ -64,6 +67,17 @@ def test_bad_values_are_one_line_errors(change, message):
         parse_protocol(with_change(*change), "p.yaml")
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_clustering_defaults_to_harness_and_leaves_the_hash_alone_at_its_default():
+    smoke = load_protocol("smoke")
+    assert smoke.evaluation.clustering == "harness"
+    assert "clustering" not in smoke.content()["evaluation"]
+    explicit = parse_protocol(with_change("evaluation.clustering", "harness"), "x")
+    assert explicit.hash == smoke.hash
+    faiss = parse_protocol(with_change("evaluation.clustering", "faiss"), "x")
+    assert faiss.evaluation.clustering == "faiss" and faiss.hash != smoke.hash
+    assert faiss.content()["evaluation"]["clustering"] == "faiss"
 
 
 def test_missing_key_and_malformed_yaml(tmp_path: Path):

@@ -159,6 +159,21 @@ def test_a_result_missing_a_required_key_names_it(tmp_path: Path):
         read_result(path)
 
 
+def test_the_clustering_convention_is_recorded_and_older_files_used_harness():
+    old = RunResult.from_json(run("a", 0, 0.5, metrics={"recall@1": 0.5, "nmi": 0.4}))
+    assert old.clustering_convention is None and old.kmeans_convention == "harness"
+    assert "clustering_convention" not in old.to_json()  # an old file writes back unchanged
+    assert RunResult.from_json(run("a", 0, 0.5)).kmeans_convention is None  # no nmi, no f1
+    new = RunResult.from_json(
+        run("a", 0, 0.5, metrics={"nmi": 0.4, "f1": 0.2}, clustering_convention="faiss")
+    )
+    assert new.kmeans_convention == "faiss" and new.extra == {}
+    data = new.to_json()
+    assert data["clustering_convention"] == "faiss"
+    keys = list(data)  # written beside the metrics it describes
+    assert keys.index("metrics") < keys.index("clustering_convention") < keys.index("timings")
+
+
 def test_unknown_keys_survive_a_round_trip():
     data = {**run("a", 0, 0.5), "later_field": {"x": 1}}
     data["method"]["also_new"] = 3

@@ -64,3 +64,17 @@ def test_same_seed_gives_identical_metrics(tmp_path: Path):
     assert (
         a["metrics"] == b["metrics"] and a["training"]["epoch_loss"] == b["training"]["epoch_loss"]
     )
+
+
+def test_a_run_records_its_protocols_k_means_convention(tmp_path: Path):
+    protocol = tmp_path / "smoke_faiss.yaml"
+    text = (Path(__file__).resolve().parents[2] / "protocols" / "smoke.yaml").read_text()
+    protocol.write_text(text.replace("evaluation: {recall_ks: [1, 2]}",
+                                     "evaluation: {recall_ks: [1, 2], clustering: faiss}"))  # fmt: skip
+    assert load_protocol(str(protocol)).evaluation.clustering == "faiss"
+    spec = RunSpec(protocol=str(protocol), method="contrastive", seed=0, results_dir=str(tmp_path))
+    status, path = execute(spec, progress=False)
+    record = json.loads(path.read_text())
+    assert status == "ok" and {"nmi", "f1"} <= set(record["metrics"])
+    assert record["clustering_convention"] == "faiss"
+    assert record["protocol"]["content"]["evaluation"]["clustering"] == "faiss"
