@@ -322,12 +322,24 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_tune(args: Any) -> int:
+    import signal
+    import sys
+
     import methods  # noqa: F401  (registers every method)
+    from harness.cli import _terminate
 
     names = [m.strip() for m in args.method.split(",") if m.strip()]
-    written = tune(args.protocol, names, args.trials, folds=args.folds, storage=args.storage,
-                   results_dir=args.results_dir, data_root=args.data_root, device=args.device,
-                   max_steps=args.max_steps, progress=not args.quiet)  # fmt: skip
+    previous = signal.signal(signal.SIGTERM, _terminate)  # SIGTERM stops like Ctrl-C
+    try:
+        written = tune(args.protocol, names, args.trials, folds=args.folds, storage=args.storage,
+                       results_dir=args.results_dir, data_root=args.data_root,
+                       device=args.device, max_steps=args.max_steps, progress=not args.quiet)  # fmt: skip
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished trials are kept in the study (the interrupted one is "
+              "recorded as failed); run the same command again to resume", file=sys.stderr)  # fmt: skip
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for name, path in written.items():
         study = yaml.safe_load(path.read_text(encoding="utf-8"))["study"]
         print(f"{name}: best {study['best_value']:.4f} (trial {study['best_trial']}; paper "
