@@ -299,6 +299,43 @@ def training_figures(results_dir: Path) -> str:
     return "\n## Figures\n\n" + "\n".join(lines) + "\n" if lines else ""
 
 
+def tuning_section(results_dir: Path) -> str:
+    """One row per tuning study (results/tuning/<protocol>/<method>.yaml): trials, folds, the
+    validation objective of the best and of the paper-default configuration, the tuned
+    hyperparameters, and the study's figure."""
+    import yaml
+
+    rows = []
+    for path in sorted(Path(results_dir).glob("tuning/*/*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        study = data.get("study") or {}
+        changed = {k: v for k, v in (data.get("hyperparameters") or {}).items()
+                   if k in (study.get("searched") or data.get("hyperparameters") or {})}  # fmt: skip
+        default = study.get("paper_default_value")
+        rows.append({
+            "protocol": f"{data.get('protocol')} (hash `{data.get('protocol_hash')}`)",
+            "method": data.get("method"),
+            "trials (pruned)": f"{study.get('trials')} ({study.get('pruned', 0)})",
+            "folds": study.get("folds"),
+            "best (validation)": f"{100 * study['best_value']:.1f}" if "best_value" in study else "-",
+            "paper default (validation)": "-" if default is None else f"{100 * default:.1f}",
+            "tuned hyperparameters": ", ".join(f"{k}={_short(v)}" for k, v in changed.items()),
+            "figure": f"[objective per trial](tuning/{path.parent.name}/{study.get('figure')})",
+        })  # fmt: skip
+    if not rows:
+        return ""
+    table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
+                     disable_numparse=True)  # fmt: skip
+    return ("\n## Tuning\n\nGenerated from `results/tuning/` (`python -m harness tune`): equal "
+            "trials per method, Optuna TPE (seeded), each trial scored by the protocol's "
+            "selection metric on validation classes (%), never on the test classes. `run "
+            "--tuned` rows in the tables above use these configurations.\n\n" + table + "\n")  # fmt: skip
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def write_leaderboard(results_dir: Path) -> Path:
     runs = load_results(results_dir)
     if not runs:
@@ -306,7 +343,8 @@ def write_leaderboard(results_dir: Path) -> Path:
             f"no run results under {Path(results_dir) / 'runs'}: run `python -m harness run` first"
         )
     path = Path(results_dir) / "LEADERBOARD.md"
-    text = render(runs) + training_figures(Path(results_dir)) + cost_section(Path(results_dir))
+    text = (render(runs) + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
+            + cost_section(Path(results_dir)))  # fmt: skip
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)

@@ -218,7 +218,7 @@ def write_overlay(
             "name": study.study_name, "storage": _safe_url(storage), "folds": folds,
             "objective": f"{protocol.evaluation.select_by} on validation classes (best epoch"
                          f"{', mean over folds' if folds > 1 else ''})",
-            "sampler": "TPE (seeded)", "pruner": "median",
+            "sampler": "TPE (seeded)", "pruner": "median", "searched": sorted(best.params),
             "trials": sum(t.state in (COMPLETE, PRUNED) for t in states),
             "complete": len(complete),
             "pruned": sum(t.state == PRUNED for t in states),

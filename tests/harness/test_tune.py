@@ -86,7 +86,10 @@ def test_tune_never_embeds_the_test_split_and_run_tuned_applies_it(learning_val,
     assert record["tuning"]["trials"] == 3 and record["tuning"]["overlay"].endswith(
         "contrastive.yaml"
     )
-    assert "| contrastive+tuned" in (results / "LEADERBOARD.md").read_text()
+    board = (results / "LEADERBOARD.md").read_text()
+    assert "| contrastive+tuned" in board
+    assert "## Tuning" in board and "(tuning/learning_val/contrastive.png)" in board
+    assert f"margin={overlay['hyperparameters']['margin']:.3g}" in board
     assert main(["-q", "run", "--protocol", learning_val, "--method", "triplet", "--tuned",
                  "--results-dir", str(results)]) == 2  # fmt: skip
     assert "no tuned configuration for triplet" in capsys.readouterr().err
