@@ -170,6 +170,23 @@ def _mark_against_best(lines: list[dict[str, Any]], runs: list[RunResult], main:
         line[f"vs best ({main})"] = marks.get(line["method"], "incomplete: untested")
 
 
+def _diagnostics_table(runs: list[RunResult]) -> str:
+    """Method-specific numbers a result records (`diagnostics`, e.g. a learned metric's AUC
+    on test pairs beside the Euclidean distance's), mean ± t-interval over seeds."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        for key, value in (getattr(r, "diagnostics", None) or {}).items():
+            if r.ok and isinstance(value, (int, float)):
+                values.setdefault(row_name(r), {}).setdefault(key, []).append(float(value))
+    if not values:
+        return ""
+    rows = [{"method": name, **{k: _mean_std(pd.Series(v), 1, 3) for k, v in sorted(d.items())}}
+            for name, d in sorted(values.items())]  # fmt: skip
+    table = pd.DataFrame(rows).fillna("-")
+    return tabulate(table, headers="keys", tablefmt="github", showindex=False,
+                    disable_numparse=True)  # fmt: skip
+
+
 def _parts_table(runs: list[RunResult]) -> str:
     """Each part of a composite embedding scored alone, one row per method and part, named
     `method / part`; empty when no run has parts."""
@@ -266,6 +283,10 @@ def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
         if parts:
             lines += ["Parts of composite embeddings, each part scored alone as `method / part` "
                       "(training cost is the whole method's):", "", parts, ""]  # fmt: skip
+        diagnostics = _diagnostics_table(group)
+        if diagnostics:
+            lines += ["Diagnostics recorded by the methods (see README, Methods):", "",
+                      diagnostics, ""]  # fmt: skip
         split = next((r.split for r in group if r.split), None)
         if split:
             lines.append(

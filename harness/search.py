@@ -79,3 +79,8 @@ def check_space(method: str, space: SearchSpace, defaults: dict[str, Any]) -> Se
                 f"search range {rng}"
             )
     return space
+
+
+# The learning-rate multiplier of a loss's own parameters (proxies, class weights, centres):
+# from the protocol's rate to three orders of magnitude above it (Proxy-Anchor uses 100).
+LR_MULTIPLIER = Float(1.0, 1000.0, log=True)

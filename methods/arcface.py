@@ -13,7 +13,7 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
-from harness.search import Float
+from harness.search import LR_MULTIPLIER, Float
 from methods._pml import pml_method
 
 
@@ -25,7 +25,7 @@ from methods._pml import pml_method
     search={
         "margin_degrees": Float(10.0, 45.0),
         "scale": Float(16.0, 64.0, log=True),
-        "class_lr_multiplier": Float(1.0, 1000.0, log=True),
+        "class_lr_multiplier": LR_MULTIPLIER,
     },
 )
 def build(
@@ -50,7 +50,7 @@ def build(
     search={
         "margin": Float(0.05, 0.5),
         "scale": Float(16.0, 64.0, log=True),
-        "class_lr_multiplier": Float(1.0, 1000.0, log=True),
+        "class_lr_multiplier": LR_MULTIPLIER,
     },
 )
 def build_cosface(

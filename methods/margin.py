@@ -14,7 +14,7 @@ from __future__ import annotations
 from pytorch_metric_learning import losses, miners
 
 from harness.method import Method, MethodContext, register_method
-from harness.search import Float
+from harness.search import LR_MULTIPLIER, Float
 from methods._pml import pml_method
 
 
@@ -26,7 +26,7 @@ from methods._pml import pml_method
     search={
         "margin": Float(0.05, 0.5),
         "beta": Float(0.6, 1.6),
-        "beta_lr_multiplier": Float(1.0, 1000.0, log=True),
+        "beta_lr_multiplier": LR_MULTIPLIER,
     },
 )
 def build(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
-from harness.search import Float
+from harness.search import LR_MULTIPLIER, Float
 from methods._pml import pml_method
 
 
@@ -21,7 +21,7 @@ from methods._pml import pml_method
     paper="normsoftmax_bmvc2019",
     search={
         "temperature": Float(0.01, 0.2, log=True),
-        "class_lr_multiplier": Float(1.0, 1000.0, log=True),
+        "class_lr_multiplier": LR_MULTIPLIER,
     },
 )
 def build(

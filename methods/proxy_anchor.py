@@ -12,7 +12,7 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
-from harness.search import Float
+from harness.search import LR_MULTIPLIER, Float
 from methods._pml import pml_method
 
 
@@ -24,7 +24,7 @@ from methods._pml import pml_method
     search={
         "alpha": Float(8.0, 64.0, log=True),
         "delta": Float(0.0, 0.3),
-        "proxy_lr_multiplier": Float(1.0, 1000.0, log=True),
+        "proxy_lr_multiplier": LR_MULTIPLIER,
     },
 )
 def build(

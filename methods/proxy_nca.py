@@ -17,7 +17,7 @@ from __future__ import annotations
 from pytorch_metric_learning import losses
 
 from harness.method import Method, MethodContext, register_method
-from harness.search import Float
+from harness.search import LR_MULTIPLIER, Float
 from methods._pml import pml_method
 
 
@@ -28,7 +28,7 @@ from methods._pml import pml_method
     paper="proxy_nca_iccv2017",
     search={
         "softmax_scale": Float(1.0, 32.0, log=True),
-        "proxy_lr_multiplier": Float(1.0, 1000.0, log=True),
+        "proxy_lr_multiplier": LR_MULTIPLIER,
     },
 )
 def build(
@@ -46,7 +46,7 @@ def build(
     paper="proxy_nca_pp_eccv2020",
     search={
         "softmax_scale": Float(1.0, 32.0, log=True),
-        "proxy_lr_multiplier": Float(1.0, 1000.0, log=True),
+        "proxy_lr_multiplier": LR_MULTIPLIER,
     },
 )
 def build_pp(

@@ -16,7 +16,7 @@ from pytorch_metric_learning import losses
 from torch import nn
 
 from harness.method import Batch, Embedded, Method, MethodContext, Mined, register_method
-from harness.search import Float
+from harness.search import LR_MULTIPLIER, Float
 from methods._pml import PmlLoss, pml_method
 
 
@@ -44,7 +44,7 @@ class CenterRegularised(nn.Module):
         "la": Float(5.0, 50.0, log=True),
         "gamma": Float(0.03, 0.3, log=True),
         "margin": Float(0.0, 0.1),
-        "center_lr_multiplier": Float(1.0, 1000.0, log=True),
+        "center_lr_multiplier": LR_MULTIPLIER,
     },
 )
 def build(
