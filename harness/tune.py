@@ -7,7 +7,8 @@ is never embedded.
   classes, at the best epoch (the epoch the runner's model selection keeps); with K folds,
   the training and validation classes are pooled and split into K class-disjoint folds, each
   validating a model trained on the other K - 1, and the objective is the mean over folds.
-- Sampler: TPE, seeded; the first trial of a new study is the paper-default configuration.
+- Sampler: TPE, seeded (seed + the number of trials so far, so that a resumed study does not
+  propose its first trials again); the first trial of a new study is the paper default.
 - Pruner: median (a trial whose validation so far is below the median of earlier trials at
   the same epoch stops), recorded with the study.
 - Storage: an Optuna RDB (SQLite under <results-dir>/tuning/ by default), so an interrupted
@@ -41,6 +42,9 @@ from harness.train import TrainingFailed, train
 
 log = logging.getLogger(__name__)
 OVERLAY_SCHEMA = 1
+# a trial stops when its validation after epoch 2 onwards is below the median of the trials
+# before it at the same epoch, once 3 trials have finished
+PRUNER = {"n_startup_trials": 3, "n_warmup_steps": 1}
 
 
 def tuning_dir(results_dir: str | Path, protocol: str) -> Path:
@@ -155,9 +159,11 @@ def tune_method(
     name = f"{protocol.name}@{protocol.hash}/{method}@v{spec.version}/folds{folds}"
     study = optuna.create_study(
         study_name=name, storage=storage, load_if_exists=True, direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+        pruner=optuna.pruners.MedianPruner(**PRUNER),
     )  # fmt: skip
+    # seeded, and seeded anew on a resume (a sampler restarted with the first seed would
+    # propose the trials it already proposed again)
+    study.sampler = optuna.samplers.TPESampler(seed=sampler_seed + len(study.trials))
     if not study.trials and spec.search:  # the paper's configuration is always tried
         study.enqueue_trial({k: base[k] for k in spec.search})
     trainer = Trainer(protocol, method, folds, data_root, device, max_steps)
@@ -218,7 +224,7 @@ def write_overlay(
             "name": study.study_name, "storage": _safe_url(storage), "folds": folds,
             "objective": f"{protocol.evaluation.select_by} on validation classes (best epoch"
                          f"{', mean over folds' if folds > 1 else ''})",
-            "sampler": "TPE (seeded)", "pruner": "median", "searched": sorted(best.params),
+            "sampler": "TPE (seeded)", "pruner": f"median {PRUNER}", "searched": sorted(best.params),
             "trials": sum(t.state in (COMPLETE, PRUNED) for t in states),
             "complete": len(complete),
             "pruned": sum(t.state == PRUNED for t in states),
