@@ -119,6 +119,7 @@ def test_an_interrupted_study_resumes_to_exactly_n_trials(learning_val, tmp_path
     states = [t.state.name for t in study.trials]
     assert states.count("COMPLETE") == 5 and states.count("FAIL") == 1
     assert len(calls) == 6
+    assert len(set(calls)) == 6  # the resumed sampler does not propose the same trials again
     assert main(args) == 0 and len(calls) == 6  # already complete: no new trial
     overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
     assert overlay["study"]["trials"] == 5 and overlay["study"]["interrupted"] == 1
