@@ -42,9 +42,11 @@ from harness.train import TrainingFailed, train
 
 log = logging.getLogger(__name__)
 OVERLAY_SCHEMA = 1
-# a trial stops when its validation after epoch 2 onwards is below the median of the trials
-# before it at the same epoch, once 3 trials have finished
-PRUNER = {"n_startup_trials": 3, "n_warmup_steps": 1}
+# a trial stops when its validation from epoch 4 on is below the median of the trials before
+# it at the same epoch, once 3 trials have finished (earlier epochs rank configurations by
+# how fast they start, not where they end: with a warm-up of 1 epoch, 4 of 8 triplet trials
+# were pruned at epoch 2 within 0.002 of the median)
+PRUNER = {"n_startup_trials": 3, "n_warmup_steps": 3}
 
 
 def tuning_dir(results_dir: str | Path, protocol: str) -> Path:
