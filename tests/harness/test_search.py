@@ -1,0 +1,47 @@
+"""Search spaces: declared next to the paper defaults, checked when a method registers."""
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.method import METHODS, register_method
+from harness.search import Choice, Float, Int, check_space
+
+
+class Trial:  # records what a space asks of optuna's Trial
+    def suggest_float(self, name, low, high, *, log=False):
+        return ("float", low, high, log)
+
+    def suggest_int(self, name, low, high, *, log=False):
+        return ("int", low, high, log)
+
+    def suggest_categorical(self, name, choices):
+        return ("choice", tuple(choices))
+
+
+def test_ranges_ask_optuna_for_what_they_declare():
+    assert Float(0.1, 1.0, log=True).suggest(Trial(), "m") == ("float", 0.1, 1.0, True)
+    assert Int(1, 32).suggest(Trial(), "n") == ("int", 1, 32, False)
+    assert Choice((True, False)).suggest(Trial(), "c") == ("choice", (True, False))
+    assert Int(1, 4).contains(2) and not Int(1, 4).contains(2.5)
+
+
+def test_a_space_must_name_hyperparameters_and_hold_the_paper_default():
+    with pytest.raises(HarnessError, match="names 'margn', which is not one of its"):
+        check_space("m", {"margn": Float(0, 1)}, {"margin": 0.5})
+    with pytest.raises(HarnessError, match=r"paper default margin=2\.0 lies outside"):
+        check_space("m", {"margin": Float(0.1, 1.0)}, {"margin": 2.0})
+    with pytest.raises(HarnessError, match="paper default"):
+
+        @register_method("bad_space_method", version=1, family="pairs",
+                         search={"margin": Float(0.5, 1.0)})  # fmt: skip
+        def build(ctx, *, margin: float = 0.2):
+            raise AssertionError("never built")
+
+    assert "bad_space_method" not in METHODS
+
+
+def test_every_trained_method_declares_a_space():
+    import methods  # noqa: F401
+
+    untuned = [n for n in METHODS.names() if not METHODS.get(n).search]
+    assert set(untuned) <= {"untrained"}, untuned
