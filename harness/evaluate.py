@@ -90,7 +90,7 @@ def evaluate(
         "embed_seconds": round(embed_seconds, 3),
         "eval_seconds": round(time.perf_counter() - start, 3),
     }
-    return Evaluation(metrics, timings, by_part, distances)
+    return Evaluation(metrics, timings, by_part, distances, embeddings)
 
 
 @dataclass
@@ -101,6 +101,7 @@ class Evaluation:
     timings: dict[str, float]
     by_part: dict[str, dict[str, float]] = field(default_factory=dict)
     distances: dict[str, list[float]] = field(default_factory=dict)
+    embeddings: torch.Tensor | None = field(default=None, repr=False)  # the queries' (or all)
 
 
 HISTOGRAM_BINS = 50

@@ -6,8 +6,9 @@ leaderboard, figures, check and the runner's skip-if-finished logic read one.
 
 Schemas: 2 adds the optional `sweep_seeds` (the seeds the run's sweep asked for) to schema 1;
 nothing else changed, so schema-1 files load as they are (their `sweep_seeds` is absent and
-readers fall back to the protocol's seeds). A newer or unknown schema is refused with a
-one-line error saying what to do.
+readers fall back to the protocol's seeds). The optional `diagnostics` (a method's own named
+numbers) came later within schema 2: files without it load, and an older reader keeps it as
+an unknown key. A newer or unknown schema is refused with a one-line error saying what to do.
 """
 
 from __future__ import annotations
@@ -223,6 +224,7 @@ class RunResult(Record):
     distances: dict[str, Any] | None = optional()  # histogram: edges, positive, negative
     metrics: dict[str, float] | None = optional()
     metrics_by_part: dict[str, dict[str, float]] | None = optional()
+    diagnostics: dict[str, float] | None = optional()  # Method.diagnostics (absent: none)
     timings: dict[str, float] | None = optional()
     tuples: TupleCounts | None = optional()
     selection: Selection | None = optional()

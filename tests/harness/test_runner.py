@@ -1,5 +1,5 @@
 """The runner: unknown methods refused before any run, interrupted runs resume bit-identical,
-the same seed gives the same metrics."""
+the same seed gives the same metrics, a method's diagnostics reach its result."""
 
 from __future__ import annotations
 
@@ -64,3 +64,13 @@ def test_same_seed_gives_identical_metrics(tmp_path: Path):
     assert (
         a["metrics"] == b["metrics"] and a["training"]["epoch_loss"] == b["training"]["epoch_loss"]
     )
+    assert "diagnostics" not in a  # a method without diagnostics records none
+
+
+def test_a_methods_diagnostics_are_recorded_from_the_test_embeddings(tmp_path: Path):
+    spec = RunSpec(protocol="smoke", method="pddm_quadruplet", seed=0, results_dir=str(tmp_path))
+    status, path = execute(spec, progress=False)
+    found = json.loads(path.read_text())["diagnostics"]
+    assert status == "ok" and 0 <= found["unit_auc"] <= 1 and 0 <= found["euclidean_auc"] <= 1
+    # smoke's test split: 12 classes x 8 images, 336 positive and 4,224 negative pairs, all
+    assert found["auc_positive_pairs"] == 12 * 28 and found["auc_negative_pairs"] == 4224
