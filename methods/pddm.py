@@ -93,7 +93,7 @@ from harness.method import (
     Scorer,
     register_method,
 )
-from harness.metrics.pair_auc import count_pairs, euclidean_score, sample_pairs
+from harness.metrics.pair_auc import euclidean_score, sample_pairs
 from harness.search import Float, Int
 from methods._pair_losses import SQUARED_FLOOR, pair_values, squared_distance_matrix
 
@@ -285,8 +285,8 @@ def pddm_scorer(unit: PDDMUnit, block: int | None = None) -> Scorer:
 
 
 def unit_auc(unit: PDDMUnit) -> Diagnostics:
-    """unit_auc and euclidean_auc on the same test pairs (the module docstring), and the
-    numbers of pairs they were computed on; nothing without a positive or a negative pair."""
+    """unit_auc and euclidean_auc on the same test pairs (the module docstring); nothing
+    without a positive or a negative pair."""
 
     def diagnostics(embeddings: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         pairs = sample_pairs(labels)
@@ -295,8 +295,7 @@ def unit_auc(unit: PDDMUnit) -> Diagnostics:
         emb = embeddings.to(unit.fc_s.weight.dtype)
         by_unit = pairs.auc(lambda a, b: unit(a, b, dropout=False), emb)
         by_distance = pairs.auc(euclidean_score, emb)
-        return {"unit_auc": round(by_unit, 6), "euclidean_auc": round(by_distance, 6),
-                **count_pairs(pairs)}  # fmt: skip
+        return {"unit_auc": round(by_unit, 6), "euclidean_auc": round(by_distance, 6)}
 
     return diagnostics
 

@@ -127,12 +127,3 @@ def sample_pairs(
 def euclidean_score(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """-D: the Euclidean distance as a similarity (retrieval's ranking)."""
     return -(a.double() - b.double()).norm(dim=-1)
-
-
-def count_pairs(sample: PairSample) -> dict[str, float]:
-    """How many pairs of each kind were scored, and how many the split has."""
-    scored_pos = int(sample.positive.sum())
-    return {"auc_positive_pairs": float(scored_pos),
-            "auc_negative_pairs": float(len(sample.positive) - scored_pos),
-            "split_positive_pairs": float(sample.positives_in_split),
-            "split_negative_pairs": float(sample.negatives_in_split)}  # fmt: skip

@@ -71,6 +71,5 @@ def test_a_methods_diagnostics_are_recorded_from_the_test_embeddings(tmp_path: P
     spec = RunSpec(protocol="smoke", method="pddm_quadruplet", seed=0, results_dir=str(tmp_path))
     status, path = execute(spec, progress=False)
     found = json.loads(path.read_text())["diagnostics"]
-    assert status == "ok" and 0 <= found["unit_auc"] <= 1 and 0 <= found["euclidean_auc"] <= 1
-    # smoke's test split: 12 classes x 8 images, 336 positive and 4,224 negative pairs, all
-    assert found["auc_positive_pairs"] == 12 * 28 and found["auc_negative_pairs"] == 4224
+    assert status == "ok" and set(found) == {"unit_auc", "euclidean_auc"}
+    assert 0 <= found["unit_auc"] <= 1 and 0 < found["euclidean_auc"] <= 1

@@ -290,7 +290,8 @@ def test_unit_auc_against_euclidean_on_the_same_pairs():
     method.loss.train()  # the diagnostics switch dropout off by themselves
     found = method.diagnostics(emb, labels)
     pairs = sample_pairs(labels)  # 80 positive, 700 negative pairs: all of them
-    assert found["auc_positive_pairs"] == 80 and found["auc_negative_pairs"] == 700
+    assert int(pairs.positive.sum()) == 80 and len(pairs.positive) == 780
+    assert set(found) == {"unit_auc", "euclidean_auc"}
     by_hand = rank_auc(-(emb[pairs.first] - emb[pairs.second]).norm(dim=1), pairs.positive)
     assert found["euclidean_auc"] == pytest.approx(by_hand, abs=1e-6) and by_hand > 0.9
     unit = method.loss.unit
