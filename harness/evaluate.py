@@ -105,7 +105,8 @@ def evaluate(
         "unit": "test queries", "resamples": BOOTSTRAP_RESAMPLES, "seed": seed,
         "confidence": CONFIDENCE, "intervals": bootstrap_intervals(report.per_query, seed=seed),
     }  # fmt: skip
-    return Evaluation(metrics, timings, by_part, distances, bootstrap, report.kmeans_convention)
+    return Evaluation(metrics, timings, by_part, distances, bootstrap, report.kmeans_convention,
+                      embeddings)  # fmt: skip
 
 
 @dataclass
@@ -119,6 +120,7 @@ class Evaluation:
     # percentile intervals of each retrieval metric over resampled test queries (harness.stats)
     bootstrap: dict[str, object] = field(default_factory=dict)
     clustering: str | None = None  # the k-means convention of nmi and f1; None without them
+    embeddings: torch.Tensor | None = field(default=None, repr=False)  # the queries' (or all)
 
 
 HISTOGRAM_BINS = 50

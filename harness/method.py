@@ -11,6 +11,8 @@ evaluation; the method owns only what its paper adds:
   classifier layers) are trained with the backbone under the protocol's optimizer.
 - scorer: optional learned similarity (query [q, D], gallery [G, D]) -> [q, G], higher = more
   similar; evaluation then ranks by it instead of the Euclidean distance.
+- diagnostics: optional (test embeddings [N, D], labels [N]) -> {name: number}, recorded in
+  the result beside the metrics (not ranked by the leaderboard).
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ class Quadruplets(Mined):
 
 Miner = Callable[[Embedded, Batch], Mined]
 Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Diagnostics = Callable[[torch.Tensor, torch.Tensor], dict[str, float]]
 
 
 @dataclass
@@ -144,6 +147,9 @@ class Method:
     # multiple of the protocol's learning rate (Proxy-Anchor: 100); declare it as a
     # hyperparameter so that results record it.
     loss_lr_multiplier: float = 1.0
+    # Named numbers of the method's own, from the test embeddings and labels (e.g. how well a
+    # learned similarity tells positive from negative test pairs); the result records them.
+    diagnostics: Diagnostics | None = None
 
     @property
     def trains(self) -> bool:

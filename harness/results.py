@@ -7,8 +7,9 @@ leaderboard, figures, check and the runner's skip-if-finished logic read one.
 Schemas: 2 adds the optional `sweep_seeds` (the seeds the run's sweep asked for) to schema 1;
 nothing else changed, so schema-1 files load as they are (their `sweep_seeds` is absent and
 readers fall back to the protocol's seeds). The optional `clustering_convention` (the k-means
-behind nmi and f1) came later within schema 2: files without it used "harness". A newer or
-unknown schema is refused with a one-line error saying what to do.
+behind nmi and f1) and `diagnostics` (a method's own named numbers) came later within schema
+2: files without the first used "harness"; an older reader keeps either as an unknown key.
+A newer or unknown schema is refused with a one-line error saying what to do.
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ class RunResult(Record):
     bootstrap: dict[str, Any] | None = optional()
     # k-means convention of nmi and f1 ("harness" or "faiss"); see `kmeans_convention`
     clustering_convention: str | None = optional()
+    diagnostics: dict[str, float] | None = optional()  # Method.diagnostics (absent: none)
     timings: dict[str, float] | None = optional()
     tuples: TupleCounts | None = optional()
     selection: Selection | None = optional()

@@ -386,6 +386,10 @@ def _execute(
         record.distances = result.distances
     record.bootstrap = result.bootstrap or None
     record.clustering_convention = result.clustering
+    if method.diagnostics is not None:  # the method's own numbers on the test embeddings
+        record.diagnostics = method.diagnostics(
+            result.embeddings, torch.as_tensor(data.labels[query])
+        )
     _record_outcome(record, stats, protocol.evaluation.select_by, result.metrics, result.by_part,
                     result.timings)  # fmt: skip
     record.retrieval = retrieval_record(method, protocol, len(split.test))

@@ -42,13 +42,18 @@ def ref_dist(emb, a, b):
     return (emb[a] - emb[b]).pow(2).sum(-1).clamp(min=1e-12).sqrt()
 
 
+def ref_squared(emb, a, b):
+    return (emb[a] - emb[b]).pow(2).sum(-1)
+
+
 def ref_quadruplet_euclidean(emb, q, alpha=0.5, beta=1.0, lam=0.5):
+    """E_m on the scaled graph of S = -D, E_e on D^2 (PDDM version 4)."""
     emb = F.normalize(emb, dim=1)
     first, second = torch.triu_indices(len(emb), len(emb), offset=1)
     graph = scaled_graph(-ref_dist(emb, first, second), len(emb))
-    d_ij = ref_dist(emb, q.i, q.j)
-    e_e = (beta + d_ij - ref_dist(emb, q.i, q.k)).clamp(min=0)
-    e_e = (e_e + (beta + d_ij - ref_dist(emb, q.j, q.l)).clamp(min=0)).mean()
+    d_ij = ref_squared(emb, q.i, q.j)
+    e_e = (beta + d_ij - ref_squared(emb, q.i, q.k)).clamp(min=0)
+    e_e = (e_e + (beta + d_ij - ref_squared(emb, q.j, q.l)).clamp(min=0)).mean()
     return metric_loss(graph, q, alpha) + lam * e_e
 
 

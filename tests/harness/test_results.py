@@ -183,6 +183,14 @@ def test_unknown_keys_survive_a_round_trip():
     assert result.to_json()["method"]["also_new"] == 3
 
 
+def test_diagnostics_are_optional_and_typed():
+    old = RunResult.from_json(run("a", 0, 0.5))  # a file from before the field
+    assert old.diagnostics is None and "diagnostics" not in old.to_json()
+    new = RunResult.from_json(run("a", 0, 0.5, diagnostics={"unit_auc": 0.7}))
+    assert new.diagnostics == {"unit_auc": 0.7} and new.extra == {}
+    assert RunResult.from_json(new.to_json()).diagnostics == {"unit_auc": 0.7}
+
+
 # --- run specs: parsed once, resolved once, picklable -----------------------------------------
 
 

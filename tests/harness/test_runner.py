@@ -1,5 +1,5 @@
 """The runner: unknown methods refused before any run, interrupted runs resume bit-identical,
-the same seed gives the same metrics."""
+the same seed gives the same metrics, a method's diagnostics reach its result."""
 
 from __future__ import annotations
 
@@ -64,6 +64,15 @@ def test_same_seed_gives_identical_metrics(tmp_path: Path):
     assert (
         a["metrics"] == b["metrics"] and a["training"]["epoch_loss"] == b["training"]["epoch_loss"]
     )
+    assert "diagnostics" not in a  # a method without diagnostics records none
+
+
+def test_a_methods_diagnostics_are_recorded_from_the_test_embeddings(tmp_path: Path):
+    spec = RunSpec(protocol="smoke", method="pddm_quadruplet", seed=0, results_dir=str(tmp_path))
+    status, path = execute(spec, progress=False)
+    found = json.loads(path.read_text())["diagnostics"]
+    assert status == "ok" and set(found) == {"unit_auc", "euclidean_auc"}
+    assert 0 <= found["unit_auc"] <= 1 and 0 < found["euclidean_auc"] <= 1
 
 
 def test_a_run_records_its_protocols_k_means_convention(tmp_path: Path):

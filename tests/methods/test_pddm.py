@@ -1,5 +1,6 @@
 """The PDDM family (Huang et al. 2016): each loss against a value worked by hand, the hard
-quadruplet on batches where it is known, the [0, 1] scaling, the learned scorer, short
+quadruplet on batches where it is known, the [0, 1] scaling and its floor, one dropout pass for
+mining and E_m, the counting miner, the unit's AUC, the search spaces, the learned scorer, short
 training, and the distance-matrix form against gathered rows."""
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ from harness.method import (
     MethodContext,
     Quadruplets,
 )
-from methods._pair_losses import (
-    distance_matrix,
-)
+from harness.metrics.pair_auc import rank_auc, sample_pairs
+from methods._pair_losses import squared_distance_matrix
 from methods.pddm import (
+    SCALE_FLOOR,
     PDDMUnit,
     double_header_loss,
     hardest_quadruplets,
     metric_loss,
     pddm_scorer,
+    scale,
     scaled_graph,
-    triplet_pair_loss,
 )
 
 
@@ -53,7 +54,7 @@ def test_pddm_family_matches_the_gathered_form(seed: int, duplicates: bool) -> N
     assert_same(new, value_and_grad(lambda e: ref_quadruplet_euclidean(e, q), emb))
     # pddm_triplet's embedding term, alone: the PDDM unit's E_m reads no distance
     unit_emb = F.normalize(emb, dim=1)
-    new = value_and_grad(lambda e: triplet_pair_loss(distance_matrix(e), q, 0.2), unit_emb)
+    new = value_and_grad(lambda e: double_header_loss(squared_distance_matrix(e), q, 0.2), unit_emb)
     assert_same(new, value_and_grad(lambda e: ref_pddm_triplet_term(e, q), unit_emb))
 
 
@@ -69,6 +70,11 @@ PDDM_FAMILY = [
 def quad(*idx: int) -> Quadruplets:
     i, j, k, l = (torch.tensor([v]) for v in idx)  # noqa: E741
     return Quadruplets(0, i, j, k, l)
+
+
+def reads(matrix: torch.Tensor):
+    """A pair score that reads a fixed [m, m] matrix."""
+    return lambda a, b: matrix[a, b]
 
 
 def circle(*degrees: float) -> torch.Tensor:
@@ -193,30 +199,114 @@ def test_embedding_losses_by_hand():
     # D_01^2 = 2, D_02^2 = 0.16 + 0.64 = 0.8, D_13^2 = 0.64 + 2.56 = 3.2.
     emb = torch.tensor([[1, 0], [0, 1], [0.6, 0.8], [0.8, -0.6]], dtype=torch.float64)
     q = quad(0, 1, 2, 3)
-    # E_e (Eq. 4), beta = 1: [1 + sqrt2 - sqrt0.8]_+ + [1 + sqrt2 - sqrt3.2]_+
-    e_e = (1 + math.sqrt(2) - math.sqrt(0.8)) + (1 + math.sqrt(2) - math.sqrt(3.2))
-    dist = distance_matrix(emb)
-    assert double_header_loss(dist, q, beta=1.0).item() == pytest.approx(e_e)  # 2.14514
-    # triplets (0,1,2), (1,0,3), margin 0.2 on squared D: [0.2 + 2 - 0.8]_+ + [0.2 + 2 - 3.2]_+
-    assert triplet_pair_loss(dist, q, margin=0.2).item() == pytest.approx(1.4)
+    squared = squared_distance_matrix(emb)
+    # E_e (Eq. 4) on D^2, beta = 1: [1 + 2 - 0.8]_+ + [1 + 2 - 3.2]_+ = 2.2 + 0. The paper's
+    # identity gives the same: beta - 2 f0.f1 + 2 f0.f2 = 1 - 0 + 1.2 = 2.2, and
+    # beta - 2 f1.f0 + 2 f1.f3 = 1 - 0 - 1.2 = -0.2 -> 0. (On D it would be 2.14514.)
+    assert double_header_loss(squared, q, beta=1.0).item() == pytest.approx(2.2)
+    f = emb
+    by_identity = (1 - 2 * f[0] @ f[1] + 2 * f[0] @ f[2]).clamp(min=0) + (
+        1 - 2 * f[1] @ f[0] + 2 * f[1] @ f[3]
+    ).clamp(min=0)
+    assert double_header_loss(squared, q, beta=1.0).item() == pytest.approx(by_identity.item())
+    # pddm_triplet: triplets (0,1,2), (1,0,3), margin 0.2: [0.2 + 2 - 0.8]_+ + [0.2 + 2 - 3.2]_+
+    assert double_header_loss(squared, q, beta=0.2).item() == pytest.approx(1.4)
 
 
-def test_pddm_loss_is_em_plus_half_ee_on_the_units_scaled_graph():
-    emb = torch.tensor([[1, 0], [0, 1], [0.6, 0.8], [0.8, -0.6]])
-    method = METHODS.get("pddm_quadruplet").build(MethodContext((4,), 2, 2))
-    method.loss.eval()
-    out, batch = Embedded(emb), Batch(LABELS4)
+def test_scaling_gradient_stays_bounded_when_the_range_collapses():
+    # the graph of RAW squeezed to a range of 8 * 10^-e: plain min-max would stretch it by
+    # 1 / range (d S~ / d S up to 1.25e5); the floor only shifts it, so d S~ / d S = 1.
+    q = hardest_quadruplets(lambda a, b: scaled_graph(RAW, 4)[a, b], LABELS4)
+    for exponent in (0, 2, 5):
+        raw = (1 + RAW * 10.0**-exponent).requires_grad_()
+        graph = scaled_graph(raw, 4)
+        assert graph.min() >= 0 and graph.max() <= 1  # still in [0, 1]
+        metric_loss(graph, q, alpha=0.5).backward()
+        assert raw.grad.abs().max().item() <= 2 / SCALE_FLOOR  # E_m's two hinges, slope 1
+        again = hardest_quadruplets(reads(graph.detach()), LABELS4)
+        assert [t.tolist() for t in again.indices()] == [t.tolist() for t in q.indices()]
+    # the collapsed graph's E_m: raw differences, not stretched ones
+    graph = scaled_graph(1 + RAW * 1e-5, 4)
+    assert metric_loss(graph, q, 0.5).item() == pytest.approx(0.5 + 0.5, abs=1e-4)
+    # a range at or above the floor is the paper's min-max, as before (range 8: 1/8)
+    raw = RAW.clone().requires_grad_()
+    scaled_graph(raw, 4)[0, 1].backward()
+    assert raw.grad.tolist() == [0.125, 0, 0, 0, 0, 0]
+
+
+def unit_pairs(unit: PDDMUnit, emb: torch.Tensor, a, b, dropout: bool) -> torch.Tensor:
+    return unit(F.normalize(emb, dim=1)[a], F.normalize(emb, dim=1)[b], dropout=dropout)
+
+
+def test_the_miner_scores_the_graph_in_one_training_pass_and_the_loss_rescores_three_pairs():
+    torch.manual_seed(0)
+    emb, labels = F.normalize(torch.randn(12, 6), dim=1), torch.arange(12) // 3
+    method = METHODS.get("pddm_quadruplet").build(MethodContext((4,), 6, 4),
+                                                  quadruplets_per_batch=2)  # fmt: skip
+    unit, loss = method.loss.unit, method.loss
+    calls: list[int] = []
+    unit.register_forward_hook(lambda mod, args, out: calls.append(out.numel()))
+    out, batch = Embedded(emb), Batch(labels)
+    first, second = torch.triu_indices(12, 12, offset=1)
+    squared = squared_distance_matrix(emb)
+    loss.train()
+    for seed in range(4):
+        torch.manual_seed(seed)
+        q = method.miner(out, batch)
+        assert calls[-1] == 66 and q.evaluated == 66  # one pass over the 66 pairs i < j
+        torch.manual_seed(seed)  # that pass's dropout mask, by hand
+        scores = unit_pairs(unit, emb, first, second, dropout=True)
+        graph = scaled_graph(scores, 12)
+        mined = hardest_quadruplets(reads(graph), labels, 2)
+        assert all(torch.equal(x, y) for x, y in zip(q.indices(), mined.indices(), strict=True))
+        assert (q.lo.item(), q.hi.item()) == (scores.min().item(), scores.max().item())
+        torch.manual_seed(100 + seed)
+        value = loss(out, batch, q)
+        assert calls[-1] == 3 * 2  # E_m: (i, j), (i, k), (j, l) of each quadruplet, one pass
+        torch.manual_seed(100 + seed)  # the loss's own mask, by hand
+        s_ij, s_ik, s_jl = scale(unit_pairs(unit, emb, torch.cat([q.i, q.i, q.j]),
+                                            torch.cat([q.j, q.k, q.l]), dropout=True),
+                                 q.lo, q.hi).split(2)  # fmt: skip
+        e_m = ((0.5 + s_ik - s_ij).clamp(min=0) + (0.5 + s_jl - s_ij).clamp(min=0)).mean()
+        expected = e_m + 0.5 * double_header_loss(squared, q, 1.0)
+        assert value.item() == pytest.approx(expected.item(), abs=1e-6)
+    # eval: no dropout; E_m then reads the scaled graph of the mining pass itself
+    loss.eval()
     q = method.miner(out, batch)
-    first, second = torch.triu_indices(4, 4, offset=1)
-    scores = method.loss.unit(emb[first], emb[second], dropout=False)
-    graph = scaled_graph(scores, 4)
-    dist = distance_matrix(F.normalize(emb, dim=1))
-    expected = metric_loss(graph, q, 0.5) + 0.5 * double_header_loss(dist, q, 1.0)
-    assert method.loss(out, batch, q).item() == pytest.approx(expected.item())
-    # mining is without dropout: the same quadruplet in training mode, every time
-    method.loss.train()
-    assert all(torch.equal(torch.stack(method.miner(out, batch).indices()), torch.stack(q.indices()))
-               for _ in range(5))  # fmt: skip
+    graph = scaled_graph(unit_pairs(unit, emb, first, second, dropout=False), 12)
+    mined = hardest_quadruplets(reads(graph), labels, 2)
+    assert all(torch.equal(x, y) for x, y in zip(q.indices(), mined.indices(), strict=True))
+    expected = metric_loss(graph, q, 0.5) + 0.5 * double_header_loss(squared, q, 1.0)
+    assert loss(out, batch, q).item() == pytest.approx(expected.item(), abs=1e-6)
+    one_class = method.miner(out, Batch(torch.zeros(12, dtype=torch.long)))
+    assert one_class.count() == 0 and loss(out, batch, one_class).item() == 0
+
+
+def test_unit_auc_against_euclidean_on_the_same_pairs():
+    torch.manual_seed(0)
+    labels = torch.arange(40) // 5
+    emb = F.normalize(torch.randn(8, 6)[labels] + 0.3 * torch.randn(40, 6), dim=1)
+    method = METHODS.get("pddm_score").build(MethodContext((4,), 6, 4))
+    method.loss.train()  # the diagnostics switch dropout off by themselves
+    found = method.diagnostics(emb, labels)
+    pairs = sample_pairs(labels)  # 80 positive, 700 negative pairs: all of them
+    assert int(pairs.positive.sum()) == 80 and len(pairs.positive) == 780
+    assert set(found) == {"unit_auc", "euclidean_auc"}
+    by_hand = rank_auc(-(emb[pairs.first] - emb[pairs.second]).norm(dim=1), pairs.positive)
+    assert found["euclidean_auc"] == pytest.approx(by_hand, abs=1e-6) and by_hand > 0.9
+    unit = method.loss.unit
+    scores = unit(emb[pairs.first], emb[pairs.second], dropout=False)
+    assert found["unit_auc"] == pytest.approx(rank_auc(scores, pairs.positive), abs=1e-6)
+    assert METHODS.get("quadruplet_euclidean").build(MethodContext((4,), 6, 4)).diagnostics is None
+    assert method.diagnostics(emb, torch.zeros(40, dtype=torch.long)) == {}  # no negatives
+
+
+def test_search_spaces_hold_the_paper_defaults():
+    for name in PDDM_FAMILY:
+        spec = METHODS.get(name)
+        defaults = spec.defaults()
+        assert {"alpha", "lam", "quadruplets_per_batch"} <= set(spec.search) <= set(defaults)
+        assert all(rng.contains(defaults[key]) for key, rng in spec.search.items())
 
 
 @pytest.mark.parametrize("name", ["pddm_score", "lmdm_score"])
@@ -253,27 +343,40 @@ def batches(labels: torch.Tensor, seed: int, count: int, p: int = 4, k: int = 4)
 
 @pytest.mark.parametrize("name", ["lifted_structure", *PDDM_FAMILY])
 def test_short_training_lowers_the_loss(name: str):
+    """The fixed-batch loss falls by a fifth; for a PDDM unit the loss falls and the unit's
+    AUC over the batches' pairs rises above 0.85 instead: with the scaling's floor, E_m is in
+    raw score units until the graph's range reaches 1 (about 400 steps here), so its value
+    falls slowly while the unit learns (pddm_quadruplet: loss 1.72 -> 1.56, AUC 0.57 -> 0.89;
+    plain min-max: 2.83 -> 2.17 and the same 0.57 -> 0.89)."""
     torch.manual_seed(0)
     x, labels = clustered(0)
     method = METHODS.get(name).build(MethodContext((16,), 8, 8))
     assert isinstance(method.head, EmbeddingHead)
     evaluation = list(batches(labels, seed=1, count=24))
+    unit = getattr(method.loss, "unit", None)
 
-    def mean_loss() -> float:
+    def measure() -> tuple[float, float]:
+        """The mean loss, and the unit's AUC over the batches' pairs (NaN without a unit)."""
         method.head.eval()
         method.loss.eval()
+        values, scores, positive = [], [], []
         with torch.no_grad():
-            values = []
             for idx in evaluation:
                 out, batch = method.head([x[idx]]), Batch(labels[idx])
                 values.append(method.loss(out, batch, method.miner(out, batch)).item())
+                if unit is not None:
+                    a, b = torch.triu_indices(len(idx), len(idx), offset=1)
+                    emb = F.normalize(out.embedding, dim=1)
+                    scores.append(unit(emb[a], emb[b], dropout=False))
+                    positive.append(labels[idx][a] == labels[idx][b])
         method.head.train()
         method.loss.train()
-        return sum(values) / len(values)
+        auc = rank_auc(torch.cat(scores), torch.cat(positive)) if scores else math.nan
+        return sum(values) / len(values), auc
 
     params = [*method.head.parameters(), *method.loss.parameters()]
     optimizer = torch.optim.Adam(params, lr=3e-3)
-    before = mean_loss()
+    before, auc_before = measure()
     for idx in batches(labels, seed=2, count=200):
         out, batch = method.head([x[idx]]), Batch(labels[idx])
         with torch.no_grad():
@@ -282,5 +385,8 @@ def test_short_training_lowers_the_loss(name: str):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    after = mean_loss()
-    assert after < 0.8 * before, (before, after)
+    after, auc_after = measure()
+    if unit is None:
+        assert after < 0.8 * before, (before, after)
+    else:
+        assert after < before and auc_after > max(auc_before, 0.85), (before, after, auc_after)

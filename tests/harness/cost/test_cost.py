@@ -92,6 +92,17 @@ def test_triplet_evaluates_m_squared_distances():
     assert fit.exponent == pytest.approx(2.0, abs=1e-9) and fit.complexity == "O(m^2)"
 
 
+def test_pddm_counts_the_graph_its_loss_scores_and_the_euclidean_variant_its_search():
+    """The unit's loss scores the whole graph once and mines from it (its miner only counts):
+    m(m-1)/2 scores. quadruplet_euclidean's miner reads m(K-1)/2 + 2m distances (n = 1)."""
+    sizes = [8, 16, 32, 64]
+    unit = _scaling("pddm_quadruplet", sizes)
+    assert [c["evaluated"] for c in unit] == [m * (m - 1) // 2 for m in sizes]
+    assert [c["tuples"] for c in unit] == [1] * len(sizes)
+    euclidean = _scaling("quadruplet_euclidean", sizes)
+    assert [c["evaluated"] for c in euclidean] == [m * 3 // 2 + 2 * m for m in sizes]
+
+
 def test_batch_sizes_must_be_multiples_of_k():
     assert parse_batch_sizes("64,32,32", 4) == [32, 64]
     with pytest.raises(HarnessError, match="not a multiple of .*K=4"):
