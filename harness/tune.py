@@ -216,7 +216,8 @@ def write_overlay(
     best = max(complete, key=lambda t: t.value)
     path = overlay_path(results_dir, protocol.name, method)
     figure = path.with_suffix(".png")
-    study_figure(complete, figure, f"{method} on {protocol.name}: {protocol.evaluation.select_by}")
+    title = f"{method} on {protocol.name}: {protocol.evaluation.select_by}"
+    study_figure([t for t in states if t.state in (COMPLETE, PRUNED)], figure, title)
     record = {
         "schema": OVERLAY_SCHEMA,
         "protocol": protocol.name, "protocol_version": protocol.version,
@@ -260,22 +261,27 @@ def _safe_url(url: str) -> str:
 
 
 def study_figure(trials: list[Any], out: Path, title: str) -> None:
-    """Objective per complete trial and the best value so far."""
+    """Objective per trial (pruned trials at the value they were stopped at, as crosses) and
+    the best complete value so far."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    numbers = [t.number for t in trials]
-    values = [t.value for t in trials]
-    best = np.maximum.accumulate(values)
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    pruned = [t for t in trials if t.state.name == "PRUNED" and t.intermediate_values]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(numbers, values, "o", label="trial")
-    ax.step(numbers, best, where="post", label="best so far")
+    ax.plot([t.number for t in complete], [t.value for t in complete], "o", label="trial")
+    if pruned:
+        last = [t.intermediate_values[max(t.intermediate_values)] for t in pruned]
+        ax.plot([t.number for t in pruned], last, "x", color="grey",
+                label="pruned (value when stopped)")  # fmt: skip
+    best = np.maximum.accumulate([t.value for t in complete])
+    ax.step([t.number for t in complete], best, where="post", label="best so far")
     ax.set_xlabel("trial")
     ax.set_ylabel("validation objective")
     ax.set_title(title, fontsize=9)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
