@@ -114,6 +114,8 @@ def _table(
     if ranked:  # complete rows first, each part best first (stable: ties keep their order)
         out.sort(key=lambda line: (not line["_complete"], -_finite(line["_sort"])))
     table = pd.DataFrame(out).drop(columns=["_sort", "_complete"])
+    if parts:  # the bootstrap was made for the whole embedding, not for each part
+        table = table.drop(columns=[c for c in table.columns if c.startswith("test-set")])
     first = ["method", "seeds", *[c for c in table.columns if c.startswith("vs best")]]
     if metrics:
         main_col = next(c for c in table.columns if c.startswith(metrics[0]))
