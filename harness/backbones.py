@@ -36,6 +36,7 @@ class Backbone(nn.Module):
         self.stages = nn.ModuleList(stages)
         self.stage_dims = list(stage_dims)
         self.in_channels = in_channels
+        self.channels_last = False  # set by build_backbone from the protocol
         self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
 
@@ -48,7 +49,8 @@ class Backbone(nn.Module):
         x = images.float().div_(255.0)
         if x.shape[1] != self.in_channels:
             x = x.expand(-1, self.in_channels, -1, -1) if x.shape[1] == 1 else x.mean(1, True)
-        return (x - self.mean) / self.std
+        x = (x - self.mean) / self.std
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         features = []
@@ -221,4 +223,7 @@ def build_backbone(spec: BackboneSpec, in_channels: int) -> Backbone:
         raise HarnessError(f"backbone {spec.name}: bad backbone.params ({exc})") from None
     if spec.frozen_batchnorm:
         freeze_batchnorm(backbone)
+    if spec.channels_last:
+        backbone.channels_last = True
+        backbone.to(memory_format=torch.channels_last)
     return backbone

@@ -118,11 +118,14 @@ def _contrastive(protocol, backbone):
     return METHODS.get("contrastive").build(ctx)
 
 
-def test_an_interrupted_train_resumes_bit_identically(tmp_path: Path):
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_an_interrupted_train_resumes_bit_identically(tmp_path: Path, channels_last: bool):
     """train() itself, interrupted after epoch 2 of 4 and resumed from its checkpoint, ends
     with exactly the weights and losses of an uninterrupted call (sampler, RNG and
-    optimizer state all restored)."""
+    optimizer state all restored), in either memory format."""
     protocol, _, images, labels = setup(12)  # 3 steps per epoch: 4 epochs
+    backbone_spec = dataclasses.replace(protocol.backbone, channels_last=channels_last)
+    protocol = dataclasses.replace(protocol, backbone=backbone_spec)
 
     def fresh():
         torch.manual_seed(0)
@@ -157,6 +160,32 @@ def test_an_interrupted_train_resumes_bit_identically(tmp_path: Path):
     other = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
                   checkpoint=ckpt, identity="b")  # fmt: skip
     assert other.resumed_from_step == 0 and other.epoch_loss == whole.epoch_loss
+
+
+def test_a_channels_last_backbone_is_the_same_network_in_nhwc():
+    """backbone.channels_last: the same initial weights and the same features (to float
+    rounding), with weights and prepared images in NHWC, and still NHWC after training."""
+    protocol, _, images, labels = setup(4)
+    nhwc_spec = dataclasses.replace(protocol.backbone, channels_last=True)
+    torch.manual_seed(0)  # 3 channels: a 1-channel tensor is contiguous in both formats
+    nchw = build_backbone(protocol.backbone, 3)
+    torch.manual_seed(0)
+    nhwc = build_backbone(nhwc_spec, 3)
+    convs = [m for m in nhwc.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(
+        c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs
+    )
+    x = nhwc.prepare(images)
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == 3
+    assert not nchw.prepare(images).is_contiguous(memory_format=torch.channels_last)
+    for a, b in zip(nchw.state_dict().values(), nhwc.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(nchw(nchw.prepare(images)), nhwc(x), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    protocol = dataclasses.replace(protocol, backbone=nhwc_spec)
+    train(nhwc, _contrastive(protocol, nhwc), images, labels, None, protocol, 0, CPU,
+          progress=False)  # fmt: skip
+    assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
 
 
 def test_training_state_saves_what_a_resume_needs(tmp_path: Path):
