@@ -30,7 +30,7 @@ from harness.devices import resolve_device
 from harness.errors import HarnessError
 from harness.evaluate import evaluate, retrieval_record, selection_score
 from harness.method import METHODS, MethodSpec, protocol_hyperparameters
-from harness.model import build_model
+from harness.model import Model, build_model
 from harness.protocol import Protocol, load_protocol
 from harness.registry import closest
 from harness.results import (
@@ -322,6 +322,50 @@ def _record_outcome(
         )  # fmt: skip
 
 
+def train_model(
+    protocol: Protocol,
+    method_name: str,
+    hyper: dict[str, Any],
+    seed: int,
+    device: torch.device,
+    data: LabelledImages,
+    train_idx: np.ndarray,
+    validation_idx: np.ndarray | None = None,
+    *,
+    on_validation: Callable[[float], None] | None = None,
+    weights: str | None = None,
+    **train_options: Any,
+) -> tuple[Model, TrainStats]:
+    """Build the model for `data[train_idx]` and train it: the one path that `run` and `tune`
+    share. With validation indices (never test ones), the protocol's selection metric on them
+    is computed after every epoch (and passed to `on_validation`) and the best epoch kept.
+    `train_options` go to `train` (max_steps, progress, checkpoint, identity, on_epoch_end);
+    raises TrainingFailed."""
+    labels = data.labels[train_idx]
+    model = build_model(
+        protocol, method_name, hyper, seed, device, in_channels=data.images.shape[1],
+        num_classes=len(np.unique(labels)),
+        num_coarse_classes=len(data.coarse_names) if data.coarse_names else None,
+        weights=weights,
+    )  # fmt: skip
+    validate = None
+    if validation_idx is not None and len(validation_idx):
+        val_images, val_labels = data.images[validation_idx], data.labels[validation_idx]
+
+        def validate() -> float:
+            value = selection_score(model.backbone, model.method, val_images, val_labels,
+                                    protocol, device, seed)  # fmt: skip
+            if on_validation is not None:
+                on_validation(value)
+            return value
+
+    coarse = None if data.coarse_labels is None else data.coarse_labels[train_idx]
+    train_options.setdefault("progress", False)
+    stats = train(model.backbone, model.method, data.images[train_idx], contiguous(labels),
+                  coarse, protocol, seed, device, validate=validate, **train_options)  # fmt: skip
+    return model, stats
+
+
 def _execute(
     spec: RunSpec,
     protocol: Protocol,
@@ -347,35 +391,20 @@ def _execute(
     weights_file = spec.weights or protocol.backbone.weights_file
     if weights_file:
         record.backbone_weights = weights_record(weights_file)
-    train_labels = data.labels[split.train]
-    model = build_model(
-        protocol, spec.method, hyper, spec.seed, device, in_channels=data.images.shape[1],
-        num_classes=len(np.unique(train_labels)),
-        num_coarse_classes=len(data.coarse_names) if data.coarse_names else None,
-        weights=spec.weights,
-    )  # fmt: skip
-    backbone, method = model.backbone, model.method
-    train_coarse = None if data.coarse_labels is None else data.coarse_labels[split.train]
     ckpt = checkpoint_path(results_dir, protocol.name, spec.run_name, spec.seed)
     identity = json.dumps([record.protocol.hash, record.method.to_json(), spec.seed,
                            spec.max_steps], sort_keys=True)  # fmt: skip
-    validate = None
-    if len(split.validation):  # model selection on the validation classes, never on the test
-        val_images, val_labels = data.images[split.validation], data.labels[split.validation]
-
-        def validate() -> float:
-            return selection_score(backbone, method, val_images, val_labels, protocol, device,
-                                   spec.seed)  # fmt: skip
-
     try:
-        stats = train(backbone, method, data.images[split.train], contiguous(train_labels),
-                      train_coarse, protocol, spec.seed, device, max_steps=spec.max_steps,
-                      progress=progress, checkpoint=ckpt, identity=identity,
-                      on_epoch_end=on_epoch_end, validate=validate)  # fmt: skip
+        model, stats = train_model(
+            protocol, spec.method, hyper, spec.seed, device, data, split.train,
+            split.validation, max_steps=spec.max_steps, progress=progress, checkpoint=ckpt,
+            identity=identity, on_epoch_end=on_epoch_end, weights=spec.weights,
+        )  # fmt: skip
     except TrainingFailed as exc:
         stopped = _stop(record, path, "failed", str(exc))
         ckpt.unlink(missing_ok=True)
         return stopped
+    backbone, method = model.backbone, model.method
     query = split.query if len(split.gallery) else split.test  # In-shop: official query/gallery
     gallery = (
         (data.images[split.gallery], data.labels[split.gallery]) if len(split.gallery) else None

@@ -34,11 +34,10 @@ from harness.devices import resolve_device
 from harness.errors import HarnessError
 from harness.evaluate import selection_score
 from harness.method import METHODS, protocol_hyperparameters
-from harness.model import build_model
 from harness.protocol import Protocol, load_protocol
-from harness.runner import contiguous, prepare_data
+from harness.runner import prepare_data, train_model
 from harness.splits import Split
-from harness.train import TrainingFailed, train
+from harness.train import TrainingFailed
 
 log = logging.getLogger(__name__)
 OVERLAY_SCHEMA = 1
@@ -110,26 +109,20 @@ class Trainer:
         scores = []
         for fold, (train_idx, val_idx) in enumerate(class_folds(prepared.split, data.labels,
                                                                 self.folds)):  # fmt: skip
-            labels = data.labels[train_idx]
-            model = build_model(
-                self.protocol, self.method, hyper, seed, device,
-                in_channels=data.images.shape[1], num_classes=len(np.unique(labels)),
-                num_coarse_classes=len(data.coarse_names) if data.coarse_names else None,
-            )  # fmt: skip
             values: list[float] = []
 
-            def validate(model=model, val_idx=val_idx, values=values, fold=fold) -> float:
-                value = selection_score(model.backbone, model.method, data.images[val_idx],
-                                        data.labels[val_idx], self.protocol, device, seed)  # fmt: skip
+            def on_validation(value: float, fold: int = fold, values: list = values) -> None:
                 values.append(value)
                 report(fold * 10_000 + len(values), value)
-                return value
 
-            coarse = None if data.coarse_labels is None else data.coarse_labels[train_idx]
-            stats = train(model.backbone, model.method, data.images[train_idx], contiguous(labels),
-                          coarse, self.protocol, seed, device, max_steps=self.max_steps,
-                          progress=False, validate=validate)  # fmt: skip
-            scores.append(max(stats.validation) if stats.validation else validate())
+            model, stats = train_model(self.protocol, self.method, hyper, seed, device, data,
+                                       train_idx, val_idx, on_validation=on_validation,
+                                       max_steps=self.max_steps)  # fmt: skip
+            scores.append(
+                max(stats.validation) if stats.validation else selection_score(
+                    model.backbone, model.method, data.images[val_idx], data.labels[val_idx],
+                    self.protocol, device, seed)
+            )  # fmt: skip
         return scores
 
 
@@ -224,7 +217,8 @@ def write_overlay(
         "protocol_hash": protocol.hash, "method": method, "method_version": version,
         "hyperparameters": {**base, **best.params},
         "study": {
-            "name": study.study_name, "storage": _safe_url(storage), "folds": folds,
+            "name": study.study_name, "storage": _recorded_storage(storage, results_dir),
+            "folds": folds,
             "objective": f"{protocol.evaluation.select_by} on validation classes (best epoch"
                          f"{', mean over folds' if folds > 1 else ''})",
             "sampler": "TPE (seeded)", "pruner": f"median {PRUNER}", "searched": sorted(best.params),
@@ -250,6 +244,17 @@ def _default_value(trials: list[Any], base: dict[str, Any]) -> float | None:
         if all(base.get(k) == v for k, v in t.params.items()):
             return round(float(t.value), 6)
     return None
+
+
+def _recorded_storage(url: str, results_dir: str | Path) -> str:
+    """The storage as a record may say it: without its password, and an SQLite file inside the
+    results folder relative to it (`sqlite:///<results-dir>/...`), so the record does not
+    carry this machine's paths."""
+    if url.startswith("sqlite:///"):
+        file = Path(url[len("sqlite:///") :]).resolve()
+        if file.is_relative_to(Path(results_dir).resolve()):
+            return f"sqlite:///<results-dir>/{file.relative_to(Path(results_dir).resolve())}"
+    return _safe_url(url)
 
 
 def _safe_url(url: str) -> str:

@@ -1,6 +1,6 @@
 """Which method is better, and how sure: per-seed values of a metric from result files, the
 comparison of two methods (`harness compare`), and the leaderboard's marks of the methods not
-significantly different from the best (Holm-corrected tests against the best's seeds)."""
+significantly different from the best (tests against the best's seeds, Benjamini-Hochberg)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.registry import closest
 from harness.results import RunResult, load_results
-from harness.stats import CONFIDENCE, Comparison, compare, holm, t_interval
+from harness.stats import CONFIDENCE, Comparison, benjamini_hochberg, compare, t_interval
 
 ALPHA = 0.05
 
@@ -33,14 +33,15 @@ def per_seed(runs: Iterable[RunResult], metric: str) -> dict[str, dict[int, floa
 
 def against_best(values: dict[str, dict[int, float]]) -> tuple[str | None, dict[str, str]]:
     """The best row by mean, and per row a mark: `best`, `≈ best (p = …)` when the
-    Holm-corrected test against the best does not reject at 5 %, `below (p = …)` when it does,
+    test against the best, Benjamini-Hochberg-adjusted over the rows, does not reject at 5 %,
+    `below (p = …)` when it does,
     or `1 seed: untested`."""
     means = {name: sum(v.values()) / len(v) for name, v in values.items() if v}
     if not means:
         return None, {}
     best = max(means, key=lambda n: means[n])
     tests = {n: compare(values[best], values[n]) for n in means if n != best}
-    adjusted = holm({n: c.p for n, c in tests.items()})
+    adjusted = benjamini_hochberg({n: c.p for n, c in tests.items()})
     marks = {best: "best"}
     for name, p in adjusted.items():
         if math.isnan(p):

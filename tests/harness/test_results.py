@@ -121,7 +121,8 @@ def test_every_committed_result_loads_and_writes_back_the_same_json():
 
 
 def test_schema_1_file_asks_for_the_protocols_seeds_and_schema_2_records_the_sweep():
-    result = read_result(REPO / "results" / "runs" / "default" / "triplet" / "seed0.json")
+    old = REPO / "results" / "studies" / "default_v2" / "runs" / "default"  # a schema-1 file
+    result = read_result(old / "triplet" / "seed0.json")
     assert result.sweep_seeds is None and result.asked_seeds() == [0]
     assert result.ok and result.metrics["recall@1"] > 0 and result.tuples.kind == "triplets"
     assert result.hardware.device == "cpu" and result.training.epoch_loss

@@ -11,7 +11,7 @@ from harness.cli import main
 from harness.leaderboard import render
 from harness.protocol import load_protocol
 from harness.results import RESULT_SCHEMA
-from harness.stats import bootstrap_intervals, compare, holm, t_interval
+from harness.stats import benjamini_hochberg, bootstrap_intervals, compare, t_interval
 from harness.verdicts import against_best
 
 
@@ -42,11 +42,14 @@ def test_unpaired_and_untestable():
     assert math.isnan(compare({0: 0.5}, {0: 0.4}).p)
 
 
-def test_holm_by_hand():
-    # sorted 0.01, 0.03, 0.04 -> 3 * 0.01 = 0.03, 2 * 0.03 = 0.06, max(0.06, 1 * 0.04) = 0.06
-    adj = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
-    assert adj["a"] == pytest.approx(0.03) and adj["c"] == pytest.approx(0.06)
-    assert adj["b"] == pytest.approx(0.06) and math.isnan(adj["d"])
+def test_benjamini_hochberg_by_hand():
+    # sorted p_(i) = 0.01, 0.03, 0.04, 0.5 with m = 4: m / i * p_(i) = 0.04, 0.06, 0.0533, 0.5;
+    # adjusted = the running minimum from the largest down: 0.04, 0.0533, 0.0533, 0.5
+    adj = benjamini_hochberg({"a": 0.01, "b": 0.04, "c": 0.03, "e": 0.5, "d": math.nan})
+    assert adj["a"] == pytest.approx(0.04) and adj["c"] == pytest.approx(0.16 / 3)
+    assert adj["b"] == pytest.approx(0.16 / 3) and adj["e"] == pytest.approx(0.5)
+    assert math.isnan(adj["d"])
+    assert benjamini_hochberg({}) == {} and math.isnan(benjamini_hochberg({"x": math.nan})["x"])
 
 
 def test_bootstrap_over_queries():
@@ -91,7 +94,7 @@ def test_leaderboard_marks_what_the_tests_cannot_tell_from_the_best():
     assert "below (p = " in rows["far"]
     assert "1 seed: untested" in rows["single"]
     assert "± 2.0" in rows["far"]  # the bootstrap half-width over test queries, in points
-    assert "95 % Student t-interval" in text and "Holm" in text
+    assert "95 % Student t-interval" in text and "Benjamini-Hochberg" in text
 
 
 def test_compare_prints_difference_interval_and_p(tmp_path: Path, capsys):

@@ -172,9 +172,7 @@ def test_a_channels_last_backbone_is_the_same_network_in_nhwc():
     torch.manual_seed(0)
     nhwc = build_backbone(nhwc_spec, 3)
     convs = [m for m in nhwc.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert convs and all(
-        c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs
-    )
+    assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
     x = nhwc.prepare(images)
     assert x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == 3
     assert not nchw.prepare(images).is_contiguous(memory_format=torch.channels_last)

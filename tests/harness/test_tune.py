@@ -9,6 +9,7 @@ import torch
 import yaml
 
 import harness.evaluate
+import harness.runner
 import harness.tune
 from harness.cli import main
 from harness.protocol import load_protocol
@@ -123,19 +124,21 @@ def test_an_interrupted_study_resumes_to_exactly_n_trials(learning_val, tmp_path
     assert main(args) == 0 and len(calls) == 6  # already complete: no new trial
     overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
     assert overlay["study"]["trials"] == 5 and overlay["study"]["interrupted"] == 1
+    # the record names the SQLite file relative to the results folder, not by this machine's path
+    assert overlay["study"]["storage"] == "sqlite:///<results-dir>/tuning/learning_val/studies.db"
     best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert overlay["hyperparameters"]["margin"] == best.params["margin"]
 
 
 def test_tune_with_folds_averages_over_them(learning_val, tmp_path, monkeypatch):
     seen = []
-    real = harness.tune.train
+    real = harness.runner.train
 
     def spy(backbone, method, images, labels, *args, **kwargs):
         seen.append(len(images))
         return real(backbone, method, images, labels, *args, **kwargs)
 
-    monkeypatch.setattr(harness.tune, "train", spy)
+    monkeypatch.setattr(harness.runner, "train", spy)
     assert main(["-q", "tune", "--protocol", learning_val, "--method", "contrastive", "--trials",
                  "1", "--folds", "2", "--max-steps", "5", "--results-dir", str(tmp_path)]) == 0  # fmt: skip
     assert seen == [80, 80]  # 20 pooled classes x 8 images, half trained on in each fold
