@@ -46,7 +46,7 @@ class Backbone(nn.Module):
 
     def prepare(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, C, H, W] -> normalised float with the channels this backbone expects."""
-        x = images.float().div_(255.0)
+        x = images.to(self.mean.dtype).div_(255.0)  # float32 unless a test runs in float64
         if x.shape[1] != self.in_channels:
             x = x.expand(-1, self.in_channels, -1, -1) if x.shape[1] == 1 else x.mean(1, True)
         x = (x - self.mean) / self.std

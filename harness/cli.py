@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -219,6 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         weights=args.weights,
         tuned=args.tuned,
     )
+    here = _join_torchrun(args)
     log.info(
         "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)
     )
@@ -234,9 +236,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if here.active:
+        import torch.distributed
+
+        torch.distributed.destroy_process_group()
+        if not here.is_main:  # rank 0 reports and writes the leaderboard
+            return 0 if counts.get("failed", 0) == 0 else 1
     path = write_leaderboard(Path(args.results_dir))
     print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: {path}")
     return 0 if counts.get("failed", 0) == 0 else 1
+
+
+def _join_torchrun(args: argparse.Namespace):  # -> harness.distributed.Dist
+    """Under torchrun: join the process group (NCCL on CUDA, one GPU per local rank; gloo on
+    the CPU); ranks other than 0 log warnings only. Elsewhere: one process."""
+    from harness import distributed
+
+    if not distributed.launched():
+        return distributed.SINGLE
+    import torch
+
+    from harness.devices import resolve_device
+
+    device = resolve_device(args.device)
+    if device.type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        args.device = f"cuda:{local}"
+    here = distributed.init_from_env(device)
+    if not here.is_main:
+        logging.getLogger("harness").setLevel(logging.WARNING)
+        args.quiet = True
+    log.info("torchrun: %d processes (%s); each embeds 1/%d of every batch",
+             here.world_size, here.backend, here.world_size)  # fmt: skip
+    return here
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -222,6 +222,8 @@ class RunResult(Record):
     started_at: str | None = optional()
     harness_version: str | None = optional()
     environment: Environment | None = optional()
+    # a run on several processes (torchrun): world_size, backend, per-rank throughput
+    distributed: dict[str, Any] | None = optional()
     backbone_weights: dict[str, Any] | None = optional()
     distances: dict[str, Any] | None = optional()  # histogram: edges, positive, negative
     metrics: dict[str, float] | None = optional()

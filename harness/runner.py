@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import harness
+from harness import distributed
 from harness.backbones import weights_record
 from harness.data import DATASETS, LabelledImages, default_cache_dir
 from harness.devices import resolve_device
@@ -235,7 +236,10 @@ def checkpoint_path(results_dir: Path, protocol: str, method: str, seed: int) ->
 def execute(
     spec: RunSpec, progress: bool = True, on_epoch_end: Callable[[int], None] | None = None
 ) -> tuple[str, Path]:
-    """Run one spec unless an identical finished result exists; returns (status, path)."""
+    """Run one spec unless an identical finished result exists; returns (status, path).
+
+    Under torchrun, rank 0 decides (skip, lock, archive) and the other ranks follow it: they
+    train their shard of every batch, and rank 0 alone evaluates and writes."""
     spec = resolve(spec)
     protocol = spec.parsed_protocol
     method_spec = METHODS.get(spec.method)
@@ -243,18 +247,32 @@ def execute(
     results_dir = Path(spec.results_dir)
     path = result_path(results_dir, protocol.name, spec.run_name, spec.seed)
     record = new_result(spec, method_spec)
+    if not distributed.current().is_main:
+        if _agree("") != "run":
+            return "skipped", path
+        return _execute(spec, protocol, method_spec, hyper, record, path, False, None)
     if path.exists() and not spec.force and _same_run(read_result(path), record):
-        return "skipped", path
+        return _agree("skipped"), path
     with run_lock(path) as locked:
         if not locked:
             log.warning("%s is being run by another process; skipping it here", path)
-            return "running_elsewhere", path
+            return _agree("running_elsewhere"), path
         if path.exists():
             old = read_result(path)
             if _same_run(old, record) and not spec.force:
-                return "skipped", path  # finished by another process meanwhile
+                return _agree("skipped"), path  # finished by another process meanwhile
             log.info("archived the previous result to %s", archive(path, results_dir))
+        _agree("run")
         return _execute(spec, protocol, method_spec, hyper, record, path, progress, on_epoch_end)
+
+
+def _agree(decision: str) -> str:
+    """Rank 0's decision, on every rank (itself when not distributed)."""
+    if not distributed.current().active:
+        return decision
+    box = [decision]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
@@ -385,6 +403,8 @@ def _execute(
               spec.method, spec.seed, protocol.name, protocol.version, protocol.path,
               protocol.hash, hyper, device)  # fmt: skip
     if method_spec.needs_coarse_labels and not data.has_coarse:
+        if not distributed.current().is_main:
+            return "not_applicable", path
         return _stop(record, path, "not_applicable",
                      f"{spec.method} needs coarse labels; {protocol.dataset.name} has none")  # fmt: skip
 
@@ -401,9 +421,14 @@ def _execute(
             identity=identity, on_epoch_end=on_epoch_end, weights=spec.weights,
         )  # fmt: skip
     except TrainingFailed as exc:
+        if not distributed.current().is_main:
+            return "failed", path
         stopped = _stop(record, path, "failed", str(exc))
         ckpt.unlink(missing_ok=True)
         return stopped
+    here = distributed.current()
+    if not here.is_main:  # rank 0 evaluates and writes
+        return "ok", path
     backbone, method = model.backbone, model.method
     query = split.query if len(split.gallery) else split.test  # In-shop: official query/gallery
     gallery = (
@@ -421,6 +446,11 @@ def _execute(
         )
     _record_outcome(record, stats, protocol.evaluation.select_by, result.metrics, result.by_part,
                     result.timings)  # fmt: skip
+    if here.active and record.timings and record.timings.get("images_per_second"):
+        per_rank = float(record.timings["images_per_second"])  # this rank's shard of each batch
+        record.timings["images_per_second"] = round(per_rank * here.world_size, 1)
+        record.distributed = {"world_size": here.world_size, "backend": here.backend,
+                              "images_per_second_per_rank": per_rank}  # fmt: skip
     record.retrieval = retrieval_record(method, protocol, len(split.test))
     write_result(path, record)
     ckpt.unlink(missing_ok=True)

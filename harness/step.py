@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from harness import distributed
 from harness.backbones import Backbone
 from harness.method import Batch, Embedded, Method, Mined
 from harness.timing import PhaseTimer
@@ -97,6 +98,7 @@ class TrainingStep:
         device: torch.device,
         timer: PhaseTimer | None = None,
         split_backward: bool = False,
+        dist: distributed.Dist = distributed.SINGLE,
     ) -> None:
         self.backbone, self.method, self.optimizer = backbone, method, optimizer
         self.images, self.device = images, device
@@ -106,10 +108,14 @@ class TrainingStep:
         )
         self.timer = timer if timer is not None else PhaseTimer(device)
         self.split_backward = split_backward
+        self.dist = dist
+        self.params = [p for p in trainable_modules(backbone, method).parameters()]
 
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, Batch]:
-        """The prepared images and the labels of the batch `idx` (CPU indices), on the device."""
-        x = self.backbone.prepare(self.images[idx].to(self.device, non_blocking=True))
+        """The prepared images of the batch `idx` (CPU indices; distributed: this rank's shard
+        of it) and the labels of the whole batch, on the device."""
+        local = idx[self.dist.shard(len(idx))] if self.dist.active else idx
+        x = self.backbone.prepare(self.images[local].to(self.device, non_blocking=True))
         idx_dev = idx.to(self.device)
         coarse = None if self.coarse is None else self.coarse[idx_dev]
         return x, Batch(self.labels[idx_dev], coarse)
@@ -120,6 +126,8 @@ class TrainingStep:
         assert self.method.loss is not None, "a method without a loss does not train"
         x, batch = self.batch(idx)
         out = self.method.head(self.backbone(x))
+        if self.dist.active:  # the whole batch's embeddings, as one process would have them
+            out = distributed.gather_embedded(out)
         originals: list[torch.Tensor] = []
         leaves: list[torch.Tensor] = []
         if self.split_backward:
@@ -136,8 +144,10 @@ class TrainingStep:
         trained = bool(loss.requires_grad and (mined is None or tuples > 0))
         if trained:
             self._backward(loss, originals, leaves)
+            if self.dist.active:
+                distributed.average_gradients(self.params)
             self.optimizer.step()
-        return StepResult(loss.detach(), mined, trained, len(idx), tuples)
+        return StepResult(loss.detach(), mined, trained, len(x), tuples)
 
     def _backward(
         self, loss: torch.Tensor, originals: list[torch.Tensor], leaves: list[torch.Tensor]

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from harness import distributed
 from harness.backbones import Backbone
 from harness.method import Method
 from harness.protocol import Protocol
@@ -345,7 +346,8 @@ def _end_epoch(
     if validate is not None:
         session.validate(validate)
     session.log_epoch(step, seconds)
-    if checkpoint is not None and step < session.total - 1:  # the last one is never resumed
+    last = step >= session.total - 1  # the last one is never resumed; rank 0 writes for all
+    if checkpoint is not None and not last and distributed.current().is_main:
         session.state.save(checkpoint, identity)
     if on_epoch_end is not None:
         on_epoch_end(len(session.state.stats.epoch_loss))
@@ -379,11 +381,16 @@ def train(
     """
     if not method.trains:
         return TrainStats()
+    dist = distributed.current()  # under torchrun: this rank's shard of every batch
+    if dist.world_size > 1:  # batch statistics over the whole batch, before the optimizer
+        distributed.convert_batchnorm(backbone)
+        distributed.convert_batchnorm(method.head)
     state = TrainingState(backbone, method, labels, protocol, seed, device)
     total = total_steps(protocol, state.sampler.batches_per_epoch, max_steps)
     if state.resume(checkpoint, identity):
         log.info("resuming from %s at step %d/%d", checkpoint, state.stats.steps, total)
-    step = TrainingStep(backbone, method, state.optimizer, images, labels, coarse_labels, device)
+    step = TrainingStep(backbone, method, state.optimizer, images, labels, coarse_labels, device,
+                        dist=dist)  # fmt: skip
     session = _Session(state, step, protocol, total, progress)
     state.modules.train()
     try:

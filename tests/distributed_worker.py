@@ -1,0 +1,103 @@
+"""Run by torchrun in tests/harness/test_distributed.py (2 processes, gloo, CPU).
+
+`grads OUT NAME[,NAME...]`: for each method, one training step on the same P x K batch with
+the batch split over the ranks; rank 0 also takes the step in one process (no collectives)
+and saves both gradient sets to OUT.
+`curve OUT NAME STEPS`: STEPS steps of harness.train on the smoke data; rank 0 saves the
+per-step losses (one epoch per step) and the final weights, as does a one-process run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import methods  # noqa: F401
+from harness import distributed
+from harness.method import protocol_hyperparameters
+from harness.model import build_model
+from harness.protocol import load_protocol
+from harness.sampler import PKSampler
+from harness.step import TrainingStep, trainable_modules
+from harness.train import train
+
+torch.set_num_threads(1)
+PROTOCOL = load_protocol("smoke")
+CLASSES, PER_CLASS, SIZE = 8, 6, 16
+g = torch.Generator().manual_seed(0)
+IMAGES = torch.randint(0, 256, (CLASSES * PER_CLASS, 1, SIZE, SIZE), generator=g, dtype=torch.uint8)
+LABELS = np.repeat(np.arange(CLASSES), PER_CLASS)
+COARSE = LABELS // 2  # 4 coarse classes of 2 fine ones (the quadruplet methods need them)
+
+
+def model(name: str):
+    hyper = protocol_hyperparameters(PROTOCOL, name)
+    return build_model(PROTOCOL, name, hyper, 0, torch.device("cpu"), in_channels=1,
+                       num_classes=CLASSES, num_coarse_classes=4)  # fmt: skip
+
+
+def step_grads(name: str, d: distributed.Dist, sync_bn: bool = True) -> dict[str, torch.Tensor]:
+    m = model(name)
+    if d.world_size > 1 and sync_bn:
+        distributed.convert_batchnorm(m.backbone)
+        distributed.convert_batchnorm(m.method.head)
+    modules = trainable_modules(m.backbone, m.method)
+    opt = torch.optim.SGD(modules.parameters(), lr=0.0)
+    step = TrainingStep(m.backbone, m.method, opt, IMAGES, LABELS, COARSE, torch.device("cpu"),
+                        dist=d)  # fmt: skip
+    modules.train()
+    idx = torch.from_numpy(PKSampler(LABELS, 4, 4, seed=0).next_batch())
+    step(idx, check_indices=True)
+    return {k: p.grad.clone() for k, p in modules.named_parameters() if p.grad is not None}
+
+
+def grads(out: str, names: str) -> None:
+    here = distributed.current()
+    saved = {}
+    for name in names.split(","):
+        gathered = step_grads(name, here)
+        if here.is_main:
+            saved[name] = {"distributed": gathered, "single": step_grads(name, distributed.SINGLE)}
+        dist.barrier()
+    # the control: BatchNorm statistics per shard (what plain DDP does) must be caught
+    unsynced = step_grads("contrastive", here, sync_bn=False)
+    if here.is_main:
+        saved["contrastive"]["unsynced_batchnorm"] = unsynced
+        torch.save(saved, out)
+
+
+def curve(out: str, name: str, steps: str) -> None:
+    here = distributed.current()
+    protocol = dataclasses.replace(
+        PROTOCOL,
+        budget=dataclasses.replace(PROTOCOL.budget, epochs=0, steps=int(steps)),
+    )
+    runs = {}
+    for label, context in (("distributed", here), ("single", distributed.SINGLE)):
+        if label == "single" and not here.is_main:
+            break
+        if label == "single":
+            dist.destroy_process_group()  # train() sees no process group: one process
+        m = model(name)
+        stats = train(m.backbone, m.method, IMAGES, LABELS, COARSE, protocol, 0,
+                      torch.device("cpu"), progress=False)  # fmt: skip
+        state = {k: v.clone() for k, v in m.backbone.state_dict().items()}
+        runs[label] = {"losses": stats.epoch_loss, "state": state, "world": context.world_size}
+        if label == "distributed":
+            dist.barrier()  # both ranks have finished before rank 0 leaves the group
+    if here.is_main:
+        torch.save(runs, out)
+
+
+if __name__ == "__main__":
+    if "--float64" in sys.argv:  # exact algebra: float32 rounding would blur small errors
+        sys.argv.remove("--float64")
+        torch.set_default_dtype(torch.float64)
+    distributed.init_from_env(torch.device("cpu"))
+    {"grads": grads, "curve": curve}[sys.argv[1]](*sys.argv[2:])
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,117 @@
+"""One run on several processes: the gradients of a step with the batch split over 2 ranks
+(gloo, CPU) equal the one-process gradients, for every registered method.
+
+Both sides run under torchrun, as a user would launch it (tests/distributed_worker.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import methods  # noqa: F401
+from harness import distributed
+from harness.method import METHODS, MethodContext
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINED = [n for n in METHODS.names() if METHODS.get(n).build(MethodContext((16,), 8, 4, 2)).trains]
+
+
+def torchrun(*args: str, nproc: int = 2) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--standalone", *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:  # a hung rendezvous: take the workers down too
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    assert proc.returncode == 0, output[-5000:]
+
+
+@pytest.fixture(scope="module")
+def grads(tmp_path_factory) -> dict[str, dict[str, dict]]:
+    """float64 (the algebra, without float32 rounding) and float32 (what trains)."""
+    out = {}
+    for dtype in ("float64", "float32"):
+        path = tmp_path_factory.mktemp("ddp") / f"{dtype}.pt"
+        extra = ["--float64"] if dtype == "float64" else []
+        torchrun("tests/distributed_worker.py", "grads", str(path), ",".join(TRAINED), *extra)
+        out[dtype] = torch.load(path)
+    return out
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_two_process_gradients_equal_one_process_gradients(grads, name):
+    """Every parameter (backbone, head, proxies, PDDM unit): in float64 equal to 1e-6 (they
+    agree to ~1e-13), in float32 to float rounding (1e-4 of the largest gradient)."""
+    for dtype, atol in (("float64", 1e-6), ("float32", None)):
+        split, whole = grads[dtype][name]["distributed"], grads[dtype][name]["single"]
+        assert split.keys() == whole.keys() and whole
+        scale = max(g.abs().max().item() for g in whole.values())
+        assert scale > 0  # a step that trains nothing proves nothing
+        for key, g in whole.items():
+            torch.testing.assert_close(
+                split[key], g, rtol=0, atol=atol or 1e-4 * scale, msg=f"{dtype} {key}"
+            )
+
+
+def test_per_shard_batchnorm_is_caught(grads):
+    """The control: with BatchNorm statistics per shard (plain DDP without SyncBatchNorm) the
+    gradients differ, so the equality above is not vacuous."""
+    case = grads["float32"]["contrastive"]
+    worst = max((case["unsynced_batchnorm"][k] - g).abs().max().item()
+                for k, g in case["single"].items())  # fmt: skip
+    assert worst > 1e-3
+
+
+def test_twenty_steps_on_two_processes_follow_the_one_process_curve(tmp_path):
+    path = tmp_path / "curve.pt"
+    torchrun("tests/distributed_worker.py", "curve", str(path), "proxy_anchor", "20")
+    runs = torch.load(path)
+    assert runs["distributed"]["world"] == 2 and runs["single"]["world"] == 1
+    split, whole = runs["distributed"]["losses"], runs["single"]["losses"]
+    assert len(split) == len(whole) == 7  # 20 steps of 3 batches per epoch
+    torch.testing.assert_close(torch.tensor(split), torch.tensor(whole), rtol=1e-4, atol=1e-5)
+    for key, value in runs["single"]["state"].items():
+        torch.testing.assert_close(runs["distributed"]["state"][key], value, rtol=1e-3,
+                                   atol=1e-4, msg=key)  # fmt: skip
+
+
+def test_a_batch_that_does_not_split_is_a_clear_error():
+    with pytest.raises(distributed.HarnessError, match="does not split over 3 processes"):
+        distributed.Dist(rank=0, world_size=3, backend="gloo").shard(64)
+    assert distributed.Dist(rank=1, world_size=2, backend="gloo").shard(64) == slice(32, 64)
+
+
+def test_torchrun_harness_run_writes_one_result_like_one_process(tmp_path):
+    """`torchrun --nproc_per_node 2 -m harness run ...`: rank 0 writes the result (with its
+    world size and per-rank throughput); metrics equal a one-process run's to float rounding;
+    the same command again skips the finished run on every rank."""
+    import json
+
+    from harness.cli import main
+
+    command = ["-m", "harness", "run", "--protocol", "smoke", "--method", "proxy_anchor"]
+    torchrun(*command, "--results-dir", str(tmp_path / "two"))
+    assert main(["-q", *command[2:], "--results-dir", str(tmp_path / "one")]) == 0
+    two, one = (
+        json.loads((tmp_path / d / "runs/smoke/proxy_anchor/seed0.json").read_text())
+        for d in ("two", "one")
+    )
+    assert two["distributed"]["world_size"] == 2 and two["distributed"]["backend"] == "gloo"
+    assert two["distributed"]["images_per_second_per_rank"] > 0 and "distributed" not in one
+    assert two["training"]["steps"] == one["training"]["steps"] == 4
+    for name, value in one["metrics"].items():
+        assert abs(two["metrics"][name] - value) < 1e-3, name
+    before = (tmp_path / "two/runs/smoke/proxy_anchor/seed0.json").read_text()
+    torchrun(*command, "--results-dir", str(tmp_path / "two"))
+    assert (tmp_path / "two/runs/smoke/proxy_anchor/seed0.json").read_text() == before
