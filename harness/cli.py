@@ -81,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights", help="local ImageNet weights file (a torchvision state_dict) for a "
         "pretrained backbone, for machines that cannot download them",
     )  # fmt: skip
+    run.add_argument("--engine", default="local", choices=["local", "ray"],
+                     help="local: one run after another in this process (default); ray: each "
+                     "run a Ray task (needs the ray extra)")  # fmt: skip
+    run.add_argument("--address", help="with --engine ray: auto, HOST:PORT or ray://... of an "
+                     "existing cluster (default: start a local Ray on this machine)")  # fmt: skip
+    run.add_argument("--cpus-per-run", type=positive_int, default=1,
+                     help="with --engine ray: CPUs per task, also its torch threads (default 1)")  # fmt: skip
+    run.add_argument("--gpus-per-run", type=float, default=0.0,
+                     help="with --engine ray: GPUs per task (default 0)")  # fmt: skip
 
     ls = sub.add_parser("ls", help="list methods, protocols and datasets")
     ls.add_argument("--json", action="store_true")
@@ -224,9 +233,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     log.info(
         "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)
     )
+    if args.engine == "ray" and here.active:
+        raise HarnessError("--engine ray runs whole runs as tasks; do not launch it with torchrun")
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        counts = sweep(specs, progress=not args.quiet)
+        if args.engine == "ray":
+            from harness.engines import sweep_ray
+
+            counts = sweep_ray(specs, args.address, args.cpus_per_run, args.gpus_per_run,
+                               progress=not args.quiet)  # fmt: skip
+        else:
+            counts = sweep(specs, progress=not args.quiet)
     except KeyboardInterrupt:
         print(
             "\ninterrupted: finished runs and the last epoch checkpoint are saved; run the "

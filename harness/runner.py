@@ -213,12 +213,13 @@ def contiguous(labels: np.ndarray) -> np.ndarray:
     return np.unique(labels, return_inverse=True)[1].astype(np.int64)
 
 
-def _same_run(old: RunResult, new: RunResult) -> bool:
-    """A finished result of this very configuration, made on this machine: skip the run.
-    (A clone on another machine reruns and archives what it found: its numbers are its own.)"""
+def _same_run(old: RunResult, new: RunResult, any_machine: bool = False) -> bool:
+    """A finished result of this very configuration, made on this machine (or, for a sweep on
+    a cluster, on any of its machines): skip the run. (A clone on another machine reruns and
+    archives what it found: its numbers are its own.)"""
     return (
         old.ok
-        and old.hardware.machine_id == machine_id()
+        and (any_machine or old.hardware.machine_id == machine_id())
         and old.protocol.hash == new.protocol.hash
         and old.method.version == new.method.version
         and old.method.hyperparameters == new.method.hyperparameters
@@ -306,10 +307,15 @@ def _describe_run(
     record.environment = Environment.from_json(environment(device))
 
 
-def _stop(record: RunResult, path: Path, status: str, failure: str) -> tuple[str, Path]:
+Writer = Callable[[Path, RunResult], None]
+
+
+def _stop(
+    record: RunResult, path: Path, status: str, failure: str, write: Writer = write_result
+) -> tuple[str, Path]:
     """Write a run that ends without metrics (failed, not applicable) and say so."""
     record.status, record.failure = status, failure
-    write_result(path, record)
+    write(path, record)
     return status, path
 
 
@@ -393,7 +399,10 @@ def _execute(
     path: Path,
     progress: bool,
     on_epoch_end: Callable[[int], None] | None,
+    write: Writer = write_result,
 ) -> tuple[str, Path]:
+    """Train and evaluate one run and hand its record to `write` (the result file, or, on a
+    Ray worker, the driver, which owns the results folder)."""
     results_dir = Path(spec.results_dir)
     device = resolve_device(spec.device)
     prepared = prepare_data(protocol, spec.data_root)
@@ -406,7 +415,8 @@ def _execute(
         if not distributed.current().is_main:
             return "not_applicable", path
         return _stop(record, path, "not_applicable",
-                     f"{spec.method} needs coarse labels; {protocol.dataset.name} has none")  # fmt: skip
+                     f"{spec.method} needs coarse labels; {protocol.dataset.name} has none",
+                     write)  # fmt: skip
 
     weights_file = spec.weights or protocol.backbone.weights_file
     if weights_file:
@@ -423,7 +433,7 @@ def _execute(
     except TrainingFailed as exc:
         if not distributed.current().is_main:
             return "failed", path
-        stopped = _stop(record, path, "failed", str(exc))
+        stopped = _stop(record, path, "failed", str(exc), write)
         ckpt.unlink(missing_ok=True)
         return stopped
     here = distributed.current()
@@ -452,7 +462,7 @@ def _execute(
         record.distributed = {"world_size": here.world_size, "backend": here.backend,
                               "images_per_second_per_rank": per_rank}  # fmt: skip
     record.retrieval = retrieval_record(method, protocol, len(split.test))
-    write_result(path, record)
+    write(path, record)
     ckpt.unlink(missing_ok=True)
     return "ok", path
 

@@ -1,0 +1,102 @@
+"""Sweeps on Ray: a local Ray of 2 CPUs gives the same results as the local engine, and a
+worker killed mid-run is retried, with every result written once by the driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (requirements-ray.lock)")
+
+SWEEP = ["--protocol", "learning", "--method", "contrastive,proxy_anchor", "--seeds", "0,1"]
+COMPARED = ("metrics", "training", "tuples", "method", "protocol", "seed")
+
+
+def results(folder: Path) -> dict[str, dict]:
+    return {
+        str(p.relative_to(folder)): json.loads(p.read_text())
+        for p in sorted((folder / "runs").rglob("seed*.json"))
+    }
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("local")
+    assert main(["-q", "run", *SWEEP, "--results-dir", str(folder)]) == 0
+    return folder
+
+
+def test_a_ray_sweep_equals_the_local_sweep_to_the_last_bit(local_sweep, tmp_path, capsys):
+    """One task at a time with 2 torch threads, as the local engine trains here."""
+    args = ["run", *SWEEP, "--engine", "ray", "--cpus-per-run", "2", "--results-dir",
+            str(tmp_path)]  # fmt: skip
+    assert main(["-q", *args]) == 0
+    mine, theirs = results(tmp_path), results(local_sweep)
+    assert len(mine) == 4 and mine.keys() == theirs.keys()
+    for name, record in mine.items():
+        for key in COMPARED:
+            if key == "training":  # seconds per epoch are the machine's, not the run's
+                record[key].pop("epoch_seconds"), theirs[name][key].pop("epoch_seconds")
+            assert record[key] == theirs[name][key], (name, key)
+    assert (tmp_path / "LEADERBOARD.md").is_file()
+    capsys.readouterr()
+    assert main(["run", *SWEEP, "--engine", "ray", "--results-dir", str(tmp_path)]) == 0
+    assert "skipped 4" in capsys.readouterr().out  # finished runs are not rerun
+
+
+def _kill_first_task_worker(stop: threading.Event, killed: list[int]) -> None:
+    """kill -9 the first Ray worker seen running a run (its process title names the task)."""
+    while not stop.is_set() and not killed:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith("ray::run_task") and int(pid) != os.getpid():
+                time.sleep(3)  # let it get into training
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+                return
+        time.sleep(0.2)
+
+
+def test_a_killed_worker_is_retried_and_every_result_is_written_once(tmp_path, capsys):
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=_kill_first_task_worker, args=(stop, killed))
+    watcher.start()
+    try:
+        args = ["run", "--protocol", "learning", "--method", "contrastive", "--seeds", "0,1",
+                "--engine", "ray", "--cpus-per-run", "1", "--results-dir", str(tmp_path)]  # fmt: skip
+        assert main(args) == 0
+    finally:
+        stop.set()
+        watcher.join()
+    assert killed, "no Ray worker was seen running a run"
+    assert sorted(results(tmp_path)) == [
+        "runs/learning/contrastive/seed0.json",
+        "runs/learning/contrastive/seed1.json",
+    ]
+    assert all(r["status"] == "ok" for r in results(tmp_path).values())
+    assert not (tmp_path / "archive").exists()  # each result written once
+    assert "ok 2" in capsys.readouterr().out
+
+
+def test_without_ray_the_engine_says_how_to_install_it(monkeypatch, capsys):
+    import harness.engines
+
+    def missing():
+        raise harness.engines.HarnessError("--engine ray needs Ray: pip install -e '.[ray]'")
+
+    monkeypatch.setattr(harness.engines, "import_ray", missing)
+    assert main(["run", "--protocol", "smoke", "--method", "contrastive", "--engine", "ray"]) == 2
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
