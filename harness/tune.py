@@ -139,19 +139,49 @@ def tune_method(
     device: str = "auto",
     max_steps: int | None = None,
     progress: bool = False,
+    engine: str = "local",
+    address: str | None = None,
+    cpus_per_trial: int = 1,
+    gpus_per_trial: float = 0.0,
 ) -> Path:
-    """Run (or resume) one method's study to `trials` finished trials; write its overlay and
-    figure, and return the overlay's path."""
+    """Run (or resume) one method's study to `trials` finished trials (here, or as Ray tasks
+    with engine="ray"); write its overlay and figure, and return the overlay's path."""
     import optuna
 
     needs_validation(protocol)
     spec = METHODS.get(method)
     base = protocol_hyperparameters(protocol, method)
     storage = storage or default_storage(results_dir, protocol.name)
+    study = open_study(protocol, method, spec.version, folds, storage, sampler_seed)
+    if not study.trials and spec.search:  # the paper's configuration is always tried
+        study.enqueue_trial({k: base[k] for k in spec.search})
+    trainer = Trainer(protocol, method, folds, data_root, device, max_steps)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    done = len(study.get_trials(deepcopy=False, states=finished))
+    if done < trials:
+        log.info("%s: %d of %d trials done; running %d", method, done, trials, trials - done)
+    if engine == "ray" and done < trials:
+        from harness.tune_ray import optimize_on_ray
+
+        optimize_on_ray(study, storage, trainer, base, spec.search, trials, address,
+                        cpus_per_trial, gpus_per_trial)  # fmt: skip
+    elif done < trials:
+        study.optimize(objective(trainer, base, spec.search), n_trials=trials - done, catch=(),
+                       show_progress_bar=progress,
+                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
+    return write_overlay(study, protocol, method, spec.version, base, folds, storage, results_dir)
+
+
+def open_study(
+    protocol: Protocol, method: str, version: int, folds: int, storage: str, sampler_seed: int
+) -> Any:
+    """The method's study in `storage` (created or loaded), with its seeded TPE sampler."""
+    import optuna
+
     if storage.startswith("sqlite:///"):
         Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = f"{protocol.name}@{protocol.hash}/{method}@v{spec.version}/folds{folds}"
+    name = f"{protocol.name}@{protocol.hash}/{method}@v{version}/folds{folds}"
     study = optuna.create_study(
         study_name=name, storage=storage, load_if_exists=True, direction="maximize",
         pruner=optuna.pruners.MedianPruner(**PRUNER),
@@ -159,33 +189,35 @@ def tune_method(
     # seeded, and seeded anew on a resume (a sampler restarted with the first seed would
     # propose the trials it already proposed again)
     study.sampler = optuna.samplers.TPESampler(seed=sampler_seed + len(study.trials))
-    if not study.trials and spec.search:  # the paper's configuration is always tried
-        study.enqueue_trial({k: base[k] for k in spec.search})
-    trainer = Trainer(protocol, method, folds, data_root, device, max_steps)
-    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return study
 
-    def objective(trial: optuna.Trial) -> float:
-        hyper = {**base, **{k: rng.suggest(trial, k) for k, rng in spec.search.items()}}
 
-        def report(step: int, value: float) -> None:
-            trial.report(value, step)
-            if trial.should_prune():
-                raise optuna.TrialPruned()
+def suggest(trial: Any, base: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
+    """The trial's hyperparameters: the paper's, with the searched ones suggested."""
+    return {**base, **{k: rng.suggest(trial, k) for k, rng in search.items()}}
 
-        try:
-            scores = trainer(hyper, report)
-        except TrainingFailed as exc:
-            trial.set_user_attr("failure", str(exc))
-            return 0.0
-        trial.set_user_attr("fold_scores", scores)
-        return float(np.mean(scores))
 
-    done = len(study.get_trials(deepcopy=False, states=finished))
-    if done < trials:
-        log.info("%s: %d of %d trials done; running %d", method, done, trials, trials - done)
-        study.optimize(objective, n_trials=trials - done, catch=(), show_progress_bar=progress,
-                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
-    return write_overlay(study, protocol, method, spec.version, base, folds, storage, results_dir)
+def run_trial(trainer: Trainer, trial: Any, hyper: dict[str, Any]) -> float:
+    """Train one configuration, reporting each epoch (pruning raises optuna.TrialPruned); the
+    mean validation score over folds, or 0 for a run that failed (reason kept on the trial)."""
+    import optuna
+
+    def report(step: int, value: float) -> None:
+        trial.report(value, step)
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+
+    try:
+        scores = trainer(hyper, report)
+    except TrainingFailed as exc:
+        trial.set_user_attr("failure", str(exc))
+        return 0.0
+    trial.set_user_attr("fold_scores", scores)
+    return float(np.mean(scores))
+
+
+def objective(trainer: Trainer, base: dict[str, Any], search: dict[str, Any]) -> Callable:
+    return lambda trial: run_trial(trainer, trial, suggest(trial, base, search))
 
 
 def write_overlay(
@@ -313,6 +345,10 @@ def load_overlay(results_dir: str | Path, protocol: Protocol, method: str) -> di
 
 def tune(protocol_name: str, methods: list[str], trials: int, **options: Any) -> dict[str, Path]:
     """Tune each method with the same number of trials; returns the overlay per method."""
+    if options.get("engine") == "ray":
+        from harness.engines import import_ray
+
+        import_ray()  # say how to install it before anything runs
     protocol = load_protocol(protocol_name)
     needs_validation(protocol)
     if trials < 1 or not math.isfinite(trials):
@@ -338,6 +374,13 @@ def add_parser(sub: Any) -> None:
     tn.add_argument("--data-root", help="folder holding the dataset's files")
     tn.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     tn.add_argument("--max-steps", type=positive_int, help="cap each trial's steps (smoke)")
+    tn.add_argument("--engine", default="local", choices=["local", "ray"],
+                    help="local: trials one after another here; ray: trials as Ray tasks")  # fmt: skip
+    tn.add_argument("--address", help="with --engine ray: an existing cluster (default: local)")
+    tn.add_argument("--cpus-per-trial", type=positive_int, default=1,
+                    help="with --engine ray: CPUs (and torch threads) per trial")  # fmt: skip
+    tn.add_argument("--gpus-per-trial", type=float, default=0.0,
+                    help="with --engine ray: GPUs per trial")  # fmt: skip
 
 
 def cmd_tune(args: Any) -> int:
@@ -352,7 +395,9 @@ def cmd_tune(args: Any) -> int:
     try:
         written = tune(args.protocol, names, args.trials, folds=args.folds, storage=args.storage,
                        results_dir=args.results_dir, data_root=args.data_root,
-                       device=args.device, max_steps=args.max_steps, progress=not args.quiet)  # fmt: skip
+                       device=args.device, max_steps=args.max_steps, progress=not args.quiet,
+                       engine=args.engine, address=args.address,
+                       cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial)  # fmt: skip
     except KeyboardInterrupt:
         print("\ninterrupted: finished trials are kept in the study (the interrupted one is "
               "recorded as failed); run the same command again to resume", file=sys.stderr)  # fmt: skip

@@ -100,3 +100,32 @@ def test_without_ray_the_engine_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setattr(harness.engines, "import_ray", missing)
     assert main(["run", "--protocol", "smoke", "--method", "contrastive", "--engine", "ray"]) == 2
     assert "pip install -e '.[ray]'" in capsys.readouterr().err
+
+
+def test_tune_on_ray_ends_with_exactly_n_trials_in_one_storage(tmp_path, capsys):
+    """Trials as Ray tasks (two at a time on 2 CPUs) against the default SQLite storage: the
+    study ends with exactly --trials finished trials, the first the paper's configuration."""
+    import optuna
+    import yaml
+
+    import harness.tune
+    from harness.shipped import PROTOCOL_DIR
+
+    data = yaml.safe_load((PROTOCOL_DIR / "learning.yaml").read_text())
+    data["name"], data["split"]["validation_fraction"] = "learning_val", 0.25
+    protocol = tmp_path / "learning_val.yaml"
+    protocol.write_text(yaml.safe_dump(data))
+    args = ["tune", "--protocol", str(protocol), "--method", "contrastive", "--trials", "3",
+            "--max-steps", "20", "--engine", "ray", "--results-dir", str(tmp_path)]  # fmt: skip
+    assert main(["-q", *args]) == 0
+    storage = harness.tune.default_storage(tmp_path, "learning_val")
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    states = [t.state.name for t in study.trials]
+    assert len(states) == 3 and set(states) <= {"COMPLETE", "PRUNED"}, states
+    assert study.trials[0].params == {"margin": 1.0}  # the paper default first
+    assert all("fold_scores" in t.user_attrs for t in study.trials if t.state.name == "COMPLETE")
+    overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
+    assert overlay["study"]["trials"] == 3
+    assert main(["-q", *args]) == 0  # already complete: no new trial
+    assert len(optuna.load_study(study_name=summary.study_name, storage=storage).trials) == 3
