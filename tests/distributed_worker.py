@@ -93,11 +93,44 @@ def curve(out: str, name: str, steps: str) -> None:
         torch.save(runs, out)
 
 
+def resume(out: str, name: str, steps: str) -> None:
+    """An uninterrupted 2-process run, and one interrupted after epoch 2 and resumed from
+    the checkpoint rank 0 wrote; rank 0 saves both."""
+    from pathlib import Path
+
+    protocol = dataclasses.replace(
+        PROTOCOL, budget=dataclasses.replace(PROTOCOL.budget, epochs=0, steps=int(steps))
+    )
+    ckpt = Path(out).with_suffix(".ckpt")
+
+    def run(**options):
+        m = model(name)
+        stats = train(m.backbone, m.method, IMAGES, LABELS, COARSE, protocol, 0,
+                      torch.device("cpu"), progress=False, **options)  # fmt: skip
+        return stats, {k: v.clone() for k, v in m.backbone.state_dict().items()}
+
+    whole, whole_state = run()
+
+    def crash(epoch: int) -> None:
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    try:
+        run(checkpoint=ckpt, identity="a", on_epoch_end=crash)
+    except KeyboardInterrupt:
+        pass
+    dist.barrier()  # rank 0 has written the checkpoint before any rank reads it
+    resumed, resumed_state = run(checkpoint=ckpt, identity="a")
+    if distributed.current().is_main:
+        torch.save({"whole": (whole.epoch_loss, whole_state), "from": resumed.resumed_from_step,
+                    "resumed": (resumed.epoch_loss, resumed_state)}, out)  # fmt: skip
+
+
 if __name__ == "__main__":
     if "--float64" in sys.argv:  # exact algebra: float32 rounding would blur small errors
         sys.argv.remove("--float64")
         torch.set_default_dtype(torch.float64)
     distributed.init_from_env(torch.device("cpu"))
-    {"grads": grads, "curve": curve}[sys.argv[1]](*sys.argv[2:])
+    {"grads": grads, "curve": curve, "resume": resume}[sys.argv[1]](*sys.argv[2:])
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -86,6 +86,17 @@ def test_twenty_steps_on_two_processes_follow_the_one_process_curve(tmp_path):
                                    atol=1e-4, msg=key)  # fmt: skip
 
 
+def test_an_interrupted_two_process_run_resumes_bit_identically(tmp_path):
+    """Interrupted after epoch 2 of 4 and resumed from the checkpoint rank 0 wrote, a
+    2-process run ends with exactly the losses and weights of an uninterrupted one."""
+    path = tmp_path / "resume.pt"
+    torchrun("tests/distributed_worker.py", "resume", str(path), "proxy_anchor", "12")
+    saved = torch.load(path)
+    (whole_loss, whole_state), (loss, state) = saved["whole"], saved["resumed"]
+    assert saved["from"] == 6 and len(whole_loss) == 4 and loss == whole_loss
+    assert all(torch.equal(state[k], v) for k, v in whole_state.items())
+
+
 def test_a_batch_that_does_not_split_is_a_clear_error():
     with pytest.raises(distributed.HarnessError, match="does not split over 3 processes"):
         distributed.Dist(rank=0, world_size=3, backend="gloo").shard(64)
