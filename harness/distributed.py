@@ -75,8 +75,7 @@ def init_from_env(device: torch.device) -> Dist:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    return Dist(dist.get_rank(), dist.get_world_size(), dist.get_backend(),
-                int(os.environ.get("LOCAL_RANK", "0")))  # fmt: skip
+    return current()
 
 
 def current() -> Dist:
