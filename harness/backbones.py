@@ -227,3 +227,6 @@ def build_backbone(spec: BackboneSpec, in_channels: int) -> Backbone:
         backbone.channels_last = True
         backbone.to(memory_format=torch.channels_last)
     return backbone
+
+
+from harness import timm_backbone  # noqa: E402, F401  (registers "timm"; imports timm lazily)

@@ -41,12 +41,13 @@ from scipy import stats
 from tabulate import tabulate
 
 from harness.devices import resolve_device
+from harness.engines import sweep_pinned
 from harness.errors import HarnessError
 from harness.fingerprint import describe
 from harness.method import METHODS
 from harness.protocol import Protocol, load_protocol
 from harness.results import RunResult, read_result, result_path, write_json_atomic
-from harness.runner import plan, sweep_pinned
+from harness.runner import plan
 from harness.shipped import source_tree
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ line saying how to resume (finished runs are kept and skipped on the next run).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -14,16 +15,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.argtypes import int_list, positive_int
-from harness.cost import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_STEPS
+from harness.argtypes import int_list, nonnegative_int, positive_int
+from harness.cost import command as cost_command
 from harness.errors import HarnessError
-
-if TYPE_CHECKING:
-    from harness.protocol import Protocol
 
 log = logging.getLogger("harness")
 
@@ -64,32 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
 
-    run = sub.add_parser("run", help="train and evaluate methods under a protocol")
-    which = run.add_mutually_exclusive_group(required=True)
-    which.add_argument("--all", action="store_true", help="every registered method")
-    which.add_argument("--method", help="NAME[,NAME...]")
-    run.add_argument("--protocol", default="default", help="protocol name or YAML path")
-    run.add_argument("--seeds", type=int_list, help="override the protocol's seeds, e.g. 0,1,2")
-    run.add_argument("--data-root", help="folder holding the dataset's files")
-    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    run.add_argument("--max-steps", type=positive_int, help="cap training steps (smoke runs)")
-    run.add_argument("--results-dir", default="results", help="default: results")
-    run.add_argument("--force", action="store_true", help="rerun even if a result exists")
-    run.add_argument("--tuned", action="store_true", help="use the configuration `tune` found "
-                     "(results-dir/tuning/<protocol>/<method>.yaml) instead of the paper's")  # fmt: skip
-    run.add_argument(
-        "--weights", help="local ImageNet weights file (a torchvision state_dict) for a "
-        "pretrained backbone, for machines that cannot download them",
-    )  # fmt: skip
-    run.add_argument("--engine", default="local", choices=["local", "ray"],
-                     help="local: one run after another in this process (default); ray: each "
-                     "run a Ray task (needs the ray extra)")  # fmt: skip
-    run.add_argument("--address", help="with --engine ray: auto, HOST:PORT or ray://... of an "
-                     "existing cluster (default: start a local Ray on this machine)")  # fmt: skip
-    run.add_argument("--cpus-per-run", type=positive_int, default=1,
-                     help="with --engine ray: CPUs per task, also its torch threads (default 1)")  # fmt: skip
-    run.add_argument("--gpus-per-run", type=float, default=0.0,
-                     help="with --engine ray: GPUs per task (default 0)")  # fmt: skip
+    _add_run_parser(sub)
 
     ls = sub.add_parser("ls", help="list methods, protocols and datasets")
     ls.add_argument("--json", action="store_true")
@@ -110,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     lb = sub.add_parser("leaderboard", help="regenerate results/LEADERBOARD.md")
     lb.add_argument("--results-dir", default="results")
 
-    add_cost_parser(sub)
+    cost_command.add_parser(sub)
 
     ck = sub.add_parser("check", help="CI regression check of every method's metrics")
     ck.add_argument("--protocol", default="regression")
@@ -141,36 +113,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_cost_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """The `cost` subcommand: how mining and loss cost grow with the batch size."""
-    cost = sub.add_parser("cost", help="measure how mining and loss cost grow with the batch size")
-    which = cost.add_mutually_exclusive_group()
-    which.add_argument("--all", action="store_true", help="every registered method (default)")
-    which.add_argument("--methods", help="NAME[,NAME...]")
-    cost.add_argument("--protocol", default="default", help="protocol name or YAML path")
-    cost.add_argument(
-        "--batch-sizes",
-        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
-        help="comma-separated multiples of the protocol's K (default: %(default)s)",
-    )
-    cost.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
-                      help="timed calls per batch size, at most (default: %(default)s)")  # fmt: skip
-    cost.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
-                      help="training steps timed per method for throughput (default: %(default)s)")  # fmt: skip
-    cost.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    cost.add_argument("--data-root", help="folder holding the dataset's files")
-    cost.add_argument("--results-dir", default="results", help="default: results")
-    cost.add_argument("--no-overhead", action="store_true",
-                      help="skip the harness-versus-bare-loop comparison")  # fmt: skip
-    cost.add_argument(
-        "--overhead-method", metavar="NAME",
-        help="the method the harness-versus-bare-loop comparison trains; one of the methods "
-        "measured (default: the first of them whose throughput was measured)",
+def _add_run_parser(sub: argparse._SubParsersAction) -> None:
+    """The `run` subcommand's options."""
+    run = sub.add_parser("run", help="train and evaluate methods under a protocol")
+    which = run.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every registered method")
+    which.add_argument("--method", help="NAME[,NAME...]")
+    run.add_argument("--protocol", default="default", help="protocol name or YAML path")
+    run.add_argument("--seeds", type=int_list, help="override the protocol's seeds, e.g. 0,1,2")
+    run.add_argument("--data-root", help="folder holding the dataset's files")
+    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--max-steps", type=positive_int, help="cap training steps (smoke runs)")
+    run.add_argument("--results-dir", default="results", help="default: results")
+    run.add_argument("--force", action="store_true", help="rerun even if a result exists")
+    run.add_argument("--tuned", action="store_true", help="use the configuration `tune` found "
+                     "(results-dir/tuning/<protocol>/<method>.yaml) instead of the paper's")  # fmt: skip
+    run.add_argument(
+        "--weights", help="local ImageNet weights file (a torchvision state_dict) for a "
+        "pretrained backbone, for machines that cannot download them",
     )  # fmt: skip
-    cost.add_argument("--overhead-breakdown", action="store_true",
-                      help="also time each piece of the harness's bookkeeping alone")  # fmt: skip
-    cost.add_argument("--json", action="store_true", help="print the per-method list as JSON")
-    return cost
+    run.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
+                     help="override the protocol's precision (part of the protocol's hash, so "
+                     "the results record it)")  # fmt: skip
+    run.add_argument("--workers", type=nonnegative_int, metavar="N",
+                     help="processes that load and augment batches beside training (default: "
+                     "0 for images in memory without augmentation, else the cores, at most 8); "
+                     "results do not depend on it")  # fmt: skip
+    run.add_argument("--engine", default="local", choices=["local", "ray"],
+                     help="local: one run after another in this process (default); ray: each "
+                     "run a Ray task (needs the ray extra)")  # fmt: skip
+    run.add_argument("--address", help="with --engine ray: auto, HOST:PORT or ray://... of an "
+                     "existing cluster (default: start a local Ray on this machine)")  # fmt: skip
+    run.add_argument("--cpus-per-run", type=positive_int, default=1,
+                     help="with --engine ray: CPUs per task, also its torch threads (default 1)")  # fmt: skip
+    run.add_argument("--gpus-per-run", type=float, default=0.0,
+                     help="with --engine ray: GPUs per task (default 0)")  # fmt: skip
 
 
 def add_data_parser(sub: argparse._SubParsersAction) -> None:
@@ -214,6 +191,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.runner import plan, sweep
 
     protocol = load_protocol(args.protocol)
+    if args.precision and args.precision != protocol.precision:
+        protocol = dataclasses.replace(protocol, precision=args.precision)
+        log.info("precision %s instead of the protocol's: hash %s", args.precision, protocol.hash)
     names = (
         METHODS.names() if args.all else [m.strip() for m in args.method.split(",") if m.strip()]
     )
@@ -227,6 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         results_dir=args.results_dir,
         force=args.force,
         weights=args.weights,
+        workers=args.workers,
         tuned=args.tuned,
     )
     here = _join_torchrun(args)
@@ -400,68 +381,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
-def _cost_methods(args: argparse.Namespace, protocol: Protocol) -> list[str]:
-    """The methods --methods names (default: every registered one), each checked against the
-    registry and the protocol's overrides before anything is measured."""
-    from harness.method import METHODS, protocol_hyperparameters
-
-    if getattr(args, "methods", None):
-        names = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
-        if not names:
-            raise HarnessError("--methods: give at least one method name")
-    else:
-        names = METHODS.names()
-    for name in names:
-        protocol_hyperparameters(protocol, name)
-    asked = getattr(args, "overhead_method", None)
-    if asked is not None and asked not in names:
-        METHODS.get(asked)  # an unknown name: "did you mean"
-        raise HarnessError(
-            f"--overhead-method {asked} is not among the methods measured; add it to --methods"
-        )
-    return names
-
-
-def cmd_cost(args: argparse.Namespace) -> int:
-    """`python -m harness cost`: measure, write results/cost/<protocol>.json and the figure,
-    print the table (or, with --json, the list of per-method objects). Returns the exit
-    status: 1 when a method failed, else 0."""
-    from harness.cost import (
-        cost_table,
-        figure_path,
-        measure_cost,
-        overhead_line,
-        parse_batch_sizes,
-        write_cost,
-    )
-    from harness.protocol import load_protocol
-
-    protocol = load_protocol(args.protocol)
-    sizes = parse_batch_sizes(args.batch_sizes, protocol.sampler.images_per_class)
-    _load_methods()
-    from harness.devices import resolve_device
-    from harness.figures import cost_figure
-
-    names = _cost_methods(args, protocol)
-    record = measure_cost(
-        protocol, names, sizes, device=resolve_device(args.device), repeats=args.repeats,
-        steps=args.steps, data_root=args.data_root, overhead=not args.no_overhead,
-        breakdown=args.overhead_breakdown, overhead_on=getattr(args, "overhead_method", None),
-    )  # fmt: skip
-    results_dir = Path(args.results_dir)
-    figure = cost_figure(record, figure_path(results_dir, protocol.name))
-    record["figure"] = str(figure.relative_to(results_dir))
-    path = write_cost(record, results_dir)
-    if args.json:
-        print(json.dumps(record["methods"], indent=2))
-    else:
-        print(cost_table(record))
-        print()
-        print(overhead_line(record))
-        print(f"written: {path}, {figure} ({record['seconds']:.0f} s)")
-    return 1 if any(e["status"] == "failed" for e in record["methods"]) else 0
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     from harness.protocol import PROTOCOL_DIR, load_protocol
 
@@ -484,7 +403,7 @@ COMMANDS = {
     "evaluate": cmd_evaluate,
     "leaderboard": cmd_leaderboard,
     "check": cmd_check,
-    "cost": cmd_cost,
+    "cost": lambda args: _late("harness.cost.command", "cmd_cost", args),
     "validate": cmd_validate,
     "data": cmd_data,
     "compare": lambda args: _late("harness.verdicts", "cmd_compare", args),

@@ -1,12 +1,14 @@
-"""Where a sweep's runs execute: `local` (this process, one run after another: runner.sweep)
-or `ray` (each run specification a Ray task, on this machine or a cluster).
+"""Where a sweep's runs execute: `local` (this process, one run after another: runner.sweep),
+`sweep_pinned` (local worker processes with a fixed thread count: the regression check) or
+`ray` (each run specification a Ray task, on this machine or a cluster).
 
 With Ray the driver owns the results folder: it applies the skip-if-finished rule, holds
 each run's lock, and writes each finished result atomically from what the task returns, so
 workers need no shared file system. A task whose worker dies (kill -9, a lost node) is
 retried by Ray; a run that fails for its own reasons (a NaN loss, an empty miner) returns a
 `failed` record and is not retried. With a shared file system, a retried task resumes from
-the epoch checkpoint its predecessor wrote.
+the epoch checkpoint its predecessor wrote. Workers report each finished epoch through a Ray
+queue, and the driver logs it beside its bar over the sweep.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from tqdm import tqdm
 
 from harness.errors import HarnessError
 from harness.method import METHODS
-from harness.results import RunResult, archive, read_result, result_path, run_lock, write_result
-from harness.runner import RunSpec, _execute, _same_run, new_result, resolve_all
+from harness.results import RunResult, result_path, write_result
+from harness.runner import RunSpec, _execute, decide, execute, new_result, prepare_data, resolve_all
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
 TASK_RETRIES = 3  # a task whose worker process dies is resubmitted this many times
+POLL_SECONDS = 1.0  # how often the driver shows the epochs its workers report
 
 
 def import_ray() -> Any:
@@ -42,8 +45,66 @@ def import_ray() -> Any:
     return ray
 
 
-def run_task(spec: RunSpec, threads: int) -> dict[str, Any]:
-    """A Ray task: train and evaluate one run; return its status and record (not written)."""
+def _pin_worker(threads: int, log_level: int) -> None:
+    """Process-pool initializer: a fixed torch thread count and the registered methods."""
+    import methods  # noqa: F401  (a spawned worker starts with an empty registry)
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+
+def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[str, int]:
+    """Run specs in `workers` processes of `threads` torch threads each.
+
+    Float rounding depends on the thread count, so a sweep whose numbers are compared bit for
+    bit across machines (the regression check) pins it: then a 2-core and a 16-core machine
+    of one processor type agree, and the spare cores run other specs in parallel instead.
+    Returns counts by status; one failed run does not stop the others."""
+    specs = resolve_all(specs)  # parse each protocol once, here, not in every worker
+    for spec in specs:  # build each dataset cache once, here, before the workers read it
+        prepare_data(spec.parsed_protocol, spec.data_root)
+    counts: dict[str, int] = {}
+    start = time.perf_counter()
+    if workers <= 1:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            for n, spec in enumerate(specs, 1):
+                status, _ = execute(spec, progress=False)
+                counts[status] = counts.get(status, 0) + 1
+                log.info("[%d/%d] %s seed %d: %s (%.0f s)", n, len(specs), spec.method,
+                         spec.seed, status, time.perf_counter() - start)  # fmt: skip
+        finally:
+            torch.set_num_threads(previous)
+        return counts
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    level = logging.getLogger("harness").getEffectiveLevel()
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),  # fork after OpenMP init can hang
+        initializer=_pin_worker,
+        initargs=(threads, max(level, logging.WARNING)),
+    ) as pool:
+        futures = {pool.submit(execute, spec, False): spec for spec in specs}
+        try:
+            for n, future in enumerate(as_completed(futures), 1):
+                spec = futures[future]
+                status, _ = future.result()
+                counts[status] = counts.get(status, 0) + 1
+                log.info("[%d/%d] %s seed %d: %s (%.0f s)", n, len(specs), spec.method,
+                         spec.seed, status, time.perf_counter() - start)  # fmt: skip
+        except BaseException:  # an error or Ctrl-C: finished results stay, queued runs do not start
+            for future in futures:
+                future.cancel()
+            raise
+    return counts
+
+
+def run_task(spec: RunSpec, threads: int, progress: Any = None) -> dict[str, Any]:
+    """A Ray task: train and evaluate one run; return its status and record (not written).
+    `progress`: a Ray queue to which each finished epoch is reported (best effort)."""
     import methods  # noqa: F401  (a fresh worker starts with an empty registry)
 
     torch.set_num_threads(threads)  # the rounding depends on it: the result records it
@@ -51,9 +112,17 @@ def run_task(spec: RunSpec, threads: int) -> dict[str, Any]:
     record = new_result(spec, method_spec)
     path = result_path(Path(spec.results_dir), spec.parsed_protocol.name, spec.run_name,
                        spec.seed)  # fmt: skip
+
+    def report(epoch: int) -> None:
+        try:
+            progress.put_nowait((spec.method, spec.seed, epoch))
+        except Exception:  # a lost progress line never costs a run
+            pass
+
     out: dict[str, Any] = {}
     status, _ = _execute(spec, spec.parsed_protocol, method_spec, spec.hyperparameters, record,
-                         path, False, None, write=lambda _, r: out.update(result=r.to_json()))  # fmt: skip
+                         path, False, None if progress is None else report,
+                         write=lambda _, r: out.update(result=r.to_json()))  # fmt: skip
     return {"status": status, "result": out.get("result")}
 
 
@@ -89,9 +158,12 @@ def sweep_ray(
                                         max_retries=TASK_RETRIES, retry_exceptions=False)  # fmt: skip
     counts: dict[str, int] = {}
     try:
+        from ray.util.queue import Queue
+
+        epochs = Queue(actor_options={"num_cpus": 0})  # workers report each finished epoch
         with ExitStack() as locks:
-            pending = _submit(specs, task, cpus_per_run, locks, counts)
-            _collect(ray, pending, len(specs), counts, progress)
+            pending = _submit(specs, task, cpus_per_run, locks, counts, epochs)
+            _collect(ray, pending, len(specs), counts, progress, epochs)
     finally:
         if started:
             ray.shutdown()
@@ -99,44 +171,39 @@ def sweep_ray(
 
 
 def _submit(specs: list[RunSpec], task: Any, threads: int, locks: ExitStack,
-            counts: dict[str, int]) -> dict[Any, tuple[RunSpec, Path]]:  # fmt: skip
+            counts: dict[str, int], progress: Any) -> dict[Any, tuple[RunSpec, Path]]:  # fmt: skip
     """Submit every run not finished yet (on any machine of the cluster), holding its lock."""
     pending = {}
     for spec in specs:
-        path = result_path(Path(spec.results_dir), spec.parsed_protocol.name, spec.run_name,
-                           spec.seed)  # fmt: skip
-        record = new_result(spec, METHODS.get(spec.method))
-        if path.exists() and not spec.force and _same_run(read_result(path), record, True):
-            counts["skipped"] = counts.get("skipped", 0) + 1
+        status, path, _ = decide(spec, locks, any_machine=True)
+        if status is not None:
+            counts[status] = counts.get(status, 0) + 1
             continue
-        if not locks.enter_context(run_lock(path)):
-            log.warning("%s is being run by another process; skipping it here", path)
-            counts["running_elsewhere"] = counts.get("running_elsewhere", 0) + 1
-            continue
-        pending[task.remote(spec, threads)] = (spec, path)
+        pending[task.remote(spec, threads, progress)] = (spec, path)
     return pending
 
 
 def _collect(ray: Any, pending: dict[Any, tuple[RunSpec, Path]], total: int,
-             counts: dict[str, int], progress: bool) -> None:  # fmt: skip
-    """Write each result as its task finishes: one line per run, and a bar over the sweep."""
+             counts: dict[str, int], progress: bool, epochs: Any) -> None:  # fmt: skip
+    """Write each result as its task finishes: one line per run and per epoch streamed back
+    from the workers, and a bar over the sweep."""
     start, done = time.perf_counter(), sum(counts.values())
     bar = tqdm(total=total, initial=done, desc="runs", unit="run", disable=not progress)
     try:
         while pending:
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
-            spec, path = pending.pop(ref)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_SECONDS)
+            _epoch_lines(epochs, bar)
+            if not ready:
+                continue
+            spec, path = pending.pop(ready[0])
             try:
-                out = ray.get(ref)
+                out = ray.get(ready[0])
             except Exception as exc:  # a crash of the run's code, or a worker lost too often
                 status = "error"
                 log.error("%s seed %d: %s", spec.method, spec.seed, str(exc).splitlines()[0])
             else:
                 status = out["status"]
                 if out["result"] is not None:
-                    if path.exists():
-                        log.info("archived the previous result to %s",
-                                 archive(path, Path(spec.results_dir)))  # fmt: skip
                     write_result(path, RunResult.from_json(out["result"]))
             counts[status] = counts.get(status, 0) + 1
             done += 1
@@ -145,3 +212,11 @@ def _collect(ray: Any, pending: dict[Any, tuple[RunSpec, Path]], total: int,
                      status, time.perf_counter() - start)  # fmt: skip
     finally:
         bar.close()
+
+
+def _epoch_lines(epochs: Any, bar: tqdm) -> None:
+    """Log the epochs the workers finished since the last call; the bar shows the latest."""
+    n = epochs.qsize()
+    for method, seed, epoch in epochs.get_nowait_batch(n) if n else []:
+        log.info("%s seed %d: epoch %d done", method, seed, epoch)
+        bar.set_postfix_str(f"{method} seed {seed} epoch {epoch}", refresh=False)

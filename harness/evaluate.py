@@ -8,33 +8,39 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from harness.augment import for_test
 from harness.backbones import Backbone
 from harness.errors import HarnessError
 from harness.method import Method, Scorer
 from harness.metrics import compute_metrics, compute_report
+from harness.precision import autocast
 from harness.protocol import Protocol
 from harness.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, bootstrap_intervals
 
 
 def embed(
-    backbone: Backbone, method: Method, images: torch.Tensor, device: torch.device, batch_size: int
-) -> torch.Tensor:
+    backbone: Backbone, method: Method, images: torch.Tensor, device: torch.device,
+    batch_size: int, precision: str = "fp32",
+) -> torch.Tensor:  # fmt: skip
     """Retrieval embeddings [N, D] (float32, on `device`) in eval mode."""
-    return embed_parts(backbone, method, images, device, batch_size)[0]
+    return embed_parts(backbone, method, images, device, batch_size, precision)[0]
 
 
 @torch.no_grad()
 def embed_parts(
-    backbone: Backbone, method: Method, images: torch.Tensor, device: torch.device, batch_size: int
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The retrieval embeddings and the method's `sub_embeddings` extras, in eval mode."""
+    backbone: Backbone, method: Method, images: torch.Tensor, device: torch.device,
+    batch_size: int, precision: str = "fp32",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    """The retrieval embeddings and the method's `sub_embeddings` extras (float32), in eval
+    mode, the backbone and head computing in `precision` as in training."""
     backbone.eval()
     method.head.eval()
     chunks: list[torch.Tensor] = []
     parts: dict[str, list[torch.Tensor]] = {name: [] for name in method.sub_embeddings}
     for start in range(0, len(images), batch_size):
         x = backbone.prepare(images[start : start + batch_size].to(device, non_blocking=True))
-        out = method.head(backbone(x))
+        with autocast(device, precision):
+            out = method.head(backbone(x))
         chunks.append(out.embedding.float())
         for name, part in parts.items():
             if name not in out.extras:
@@ -61,16 +67,21 @@ def evaluate(
     (e.g. HDC's single heads, ranked by Euclidean distance under the same definitions; the
     method's scorer, if any, applies to the full embedding only) and the histogram of the pair
     distances. Clustering metrics cluster queries and gallery together, with the protocol's
-    k-means convention (`evaluation.clustering`; see harness.metrics)."""
+    k-means convention (`evaluation.clustering`; see harness.metrics). Images go through
+    the protocol's test augmentation (resize, center crop) when it has one."""
     start = time.perf_counter()
-    batch = protocol.evaluation.batch_size
+    batch, precision = protocol.evaluation.batch_size, protocol.precision
+    images = for_test(images, protocol.augmentation, protocol.backbone.input_size)
+    if gallery is not None:
+        gallery = (for_test(gallery[0], protocol.augmentation, protocol.backbone.input_size),
+                   gallery[1])  # fmt: skip
     if gallery is None:  # the parts are scored all-vs-all only
-        embeddings, parts = embed_parts(backbone, method, images, device, batch)
+        embeddings, parts = embed_parts(backbone, method, images, device, batch, precision)
     else:
-        embeddings, parts = embed(backbone, method, images, device, batch), {}
+        embeddings, parts = embed(backbone, method, images, device, batch, precision), {}
     gallery_args: tuple[torch.Tensor, torch.Tensor] | tuple[()] = ()
     if gallery is not None:
-        gallery_args = (embed(backbone, method, gallery[0], device, batch),
+        gallery_args = (embed(backbone, method, gallery[0], device, batch, precision),
                         torch.as_tensor(gallery[1]))  # fmt: skip
     embed_seconds = time.perf_counter() - start
     ks, names = tuple(protocol.evaluation.recall_ks), _expand(protocol)
@@ -176,7 +187,9 @@ def selection_score(
     """The protocol's selection metric (`evaluation.select_by`) all-vs-all on the validation
     split, ranked as the test will be (the method's scorer, if any). Leaves the modules in
     eval mode; the training loop switches them back."""
-    embeddings = embed(backbone, method, images, device, protocol.evaluation.batch_size)
+    images = for_test(images, protocol.augmentation, protocol.backbone.input_size)
+    embeddings = embed(backbone, method, images, device, protocol.evaluation.batch_size,
+                       protocol.precision)  # fmt: skip
     scorer = ranking_scorer(method, protocol)
     name = protocol.evaluation.select_by
     metrics = compute_metrics(

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from harness.augment import AugmentationSpec
 from harness.errors import HarnessError
 from harness.metrics import KMEANS_CONVENTIONS, METRIC_NAMES
 from harness.registry import closest
@@ -216,6 +217,9 @@ class Protocol:
     evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
     methods: dict[str, dict[str, Any]] = field(default_factory=dict)
     paper: PaperSpec = field(default_factory=PaperSpec)
+    augmentation: AugmentationSpec = field(default_factory=AugmentationSpec)
+    # the backbone's and head's arithmetic (harness.precision): fp32, bf16 or fp16
+    precision: str = "fp32"
     path: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -223,6 +227,17 @@ class Protocol:
         _check(self.version >= 1, "version must be >= 1")
         _check(self.embedding_dim >= 1, "embedding_dim must be >= 1")
         _check(len(self.seeds) > 0, "seeds must list at least one seed")
+        _check(self.precision in ("fp32", "bf16", "fp16"),
+               f"precision must be fp32, bf16 or fp16, got {self.precision!r}")  # fmt: skip
+        try:
+            self.augmentation.check_sizes(self.backbone.input_size)
+        except ValueError as exc:
+            raise ValueError(f"augmentation: {exc}") from None
+
+    @property
+    def load_size(self) -> int:
+        """The side images are loaded at: augmentation.load_size, else the input size."""
+        return self.augmentation.load_size or self.backbone.input_size
 
     def content(self) -> dict[str, Any]:
         """The protocol as plain data (what the hash covers; the file path is not part of it)."""
@@ -236,6 +251,12 @@ class Protocol:
             data["split"].pop("official")
         if not self.paper.reference:
             data.pop("paper")
+        if self.precision == "fp32":
+            data.pop("precision")
+        if self.augmentation.empty:
+            data.pop("augmentation")
+        else:
+            data["augmentation"] = self.augmentation.content()
         for key, default in (("select_by", "map@r"), ("clustering", "harness")):
             if data["evaluation"][key] == default:
                 data["evaluation"].pop(key)

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -73,6 +74,7 @@ class RunSpec:
     results_dir: str = "results"
     force: bool = False
     weights: str | None = None  # a local ImageNet weights file (overrides backbone.weights_file)
+    workers: int | None = None  # processes preparing batches (None: pipeline.default_workers)
     hyperparameters: dict[str, Any] | None = field(default=None, hash=False)  # None: resolve
     sweep_seeds: tuple[int, ...] | None = None  # what the sweep asked for (None: the protocol's)
     # a tuned configuration (`run --tuned`): the tuning study's record; None: paper defaults
@@ -167,9 +169,10 @@ _DATA_CACHE: dict[str, PreparedData] = {}
 
 
 def prepare_data(protocol: Protocol, data_root: str | None) -> PreparedData:
-    """The protocol's dataset at the backbone's input size, and its class-disjoint split."""
+    """The protocol's dataset at its load size (the backbone's input size unless the
+    augmentation says otherwise), and its class-disjoint split."""
     key = json.dumps([protocol.dataset.name, protocol.dataset.params, data_root,
-                      protocol.backbone.input_size, dataclasses.asdict(protocol.split)],
+                      protocol.load_size, dataclasses.asdict(protocol.split)],
                      sort_keys=True)  # fmt: skip
     if key in _DATA_CACHE:
         return _DATA_CACHE[key]
@@ -187,7 +190,7 @@ def prepare_data(protocol: Protocol, data_root: str | None) -> PreparedData:
     if root is not None and not root.is_dir():
         raise HarnessError(f"--data-root {root} is not a directory")
     data = builder(root, default_cache_dir(), **protocol.dataset.params)
-    data = resize(data, protocol.backbone.input_size)
+    data = resize(data, protocol.load_size)
     prepared = PreparedData(data, split_classes(data, protocol.split))
     _DATA_CACHE[key] = prepared
     return prepared
@@ -245,26 +248,40 @@ def execute(
     protocol = spec.parsed_protocol
     method_spec = METHODS.get(spec.method)
     hyper = spec.hyperparameters
-    results_dir = Path(spec.results_dir)
-    path = result_path(results_dir, protocol.name, spec.run_name, spec.seed)
-    record = new_result(spec, method_spec)
     if not distributed.current().is_main:
+        path = result_path(Path(spec.results_dir), protocol.name, spec.run_name, spec.seed)
         if _agree("") != "run":
             return "skipped", path
+        record = new_result(spec, method_spec)
         return _execute(spec, protocol, method_spec, hyper, record, path, False, None)
-    if path.exists() and not spec.force and _same_run(read_result(path), record):
-        return _agree("skipped"), path
-    with run_lock(path) as locked:
-        if not locked:
-            log.warning("%s is being run by another process; skipping it here", path)
-            return _agree("running_elsewhere"), path
-        if path.exists():
-            old = read_result(path)
-            if _same_run(old, record) and not spec.force:
-                return _agree("skipped"), path  # finished by another process meanwhile
-            log.info("archived the previous result to %s", archive(path, results_dir))
+    with ExitStack() as locks:
+        status, path, record = decide(spec, locks)
+        if status is not None:
+            return _agree(status), path
         _agree("run")
         return _execute(spec, protocol, method_spec, hyper, record, path, progress, on_epoch_end)
+
+
+def decide(
+    spec: RunSpec, locks: ExitStack, any_machine: bool = False
+) -> tuple[str | None, Path, RunResult]:
+    """Whether to run a resolved spec now, by the skip-if-finished rule: (None, path, record)
+    with the run's lock held in `locks` and a different earlier result archived, or
+    ("skipped" | "running_elsewhere", path, record). `any_machine`: a result made on another
+    machine counts as finished (a cluster's driver)."""
+    path = result_path(Path(spec.results_dir), spec.parsed_protocol.name, spec.run_name,
+                       spec.seed)  # fmt: skip
+    record = new_result(spec, METHODS.get(spec.method))
+    if path.exists() and not spec.force and _same_run(read_result(path), record, any_machine):
+        return "skipped", path, record
+    if not locks.enter_context(run_lock(path)):
+        log.warning("%s is being run by another process; skipping it here", path)
+        return "running_elsewhere", path, record
+    if path.exists():
+        if not spec.force and _same_run(read_result(path), record, any_machine):
+            return "skipped", path, record  # finished by another process meanwhile
+        log.info("archived the previous result to %s", archive(path, Path(spec.results_dir)))
+    return None, path, record
 
 
 def _agree(decision: str) -> str:
@@ -429,6 +446,7 @@ def _execute(
             protocol, spec.method, hyper, spec.seed, device, data, split.train,
             split.validation, max_steps=spec.max_steps, progress=progress, checkpoint=ckpt,
             identity=identity, on_epoch_end=on_epoch_end, weights=spec.weights,
+            workers=spec.workers,
         )  # fmt: skip
     except TrainingFailed as exc:
         if not distributed.current().is_main:
@@ -456,9 +474,9 @@ def _execute(
         )
     _record_outcome(record, stats, protocol.evaluation.select_by, result.metrics, result.by_part,
                     result.timings)  # fmt: skip
-    if here.active and record.timings and record.timings.get("images_per_second"):
-        per_rank = float(record.timings["images_per_second"])  # this rank's shard of each batch
-        record.timings["images_per_second"] = round(per_rank * here.world_size, 1)
+    if here.active:  # the step counts whole batches; each rank embedded 1/world_size of them
+        total = (record.timings or {}).get("images_per_second")
+        per_rank = None if total is None else round(total / here.world_size, 1)
         record.distributed = {"world_size": here.world_size, "backend": here.backend,
                               "images_per_second_per_rank": per_rank}  # fmt: skip
     record.retrieval = retrieval_record(method, protocol, len(split.test))
@@ -478,61 +496,4 @@ def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
         counts[status] = counts.get(status, 0) + 1
         log.info("[%d/%d] %s seed %d: %s in %.1fs -> %s", n, len(specs), spec.method, spec.seed,
                  status, time.perf_counter() - start, path)  # fmt: skip
-    return counts
-
-
-def _pin_worker(threads: int, log_level: int) -> None:
-    """Process-pool initializer: a fixed torch thread count and the registered methods."""
-    import methods  # noqa: F401  (a spawned worker starts with an empty registry)
-
-    torch.set_num_threads(threads)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-
-
-def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[str, int]:
-    """Run specs in `workers` processes of `threads` torch threads each.
-
-    Float rounding depends on the thread count, so a sweep whose numbers are compared bit for
-    bit across machines (the regression check) pins it: then a 2-core and a 16-core machine
-    of one processor type agree, and the spare cores run other specs in parallel instead.
-    Returns counts by status; one failed run does not stop the others."""
-    specs = resolve_all(specs)  # parse each protocol once, here, not in every worker
-    for spec in specs:  # build each dataset cache once, here, before the workers read it
-        prepare_data(spec.parsed_protocol, spec.data_root)
-    counts: dict[str, int] = {}
-    start = time.perf_counter()
-    if workers <= 1:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            for n, spec in enumerate(specs, 1):
-                status, _ = execute(spec, progress=False)
-                counts[status] = counts.get(status, 0) + 1
-                log.info("[%d/%d] %s seed %d: %s (%.0f s)", n, len(specs), spec.method,
-                         spec.seed, status, time.perf_counter() - start)  # fmt: skip
-        finally:
-            torch.set_num_threads(previous)
-        return counts
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    level = logging.getLogger("harness").getEffectiveLevel()
-    with ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),  # fork after OpenMP init can hang
-        initializer=_pin_worker,
-        initargs=(threads, max(level, logging.WARNING)),
-    ) as pool:
-        futures = {pool.submit(execute, spec, False): spec for spec in specs}
-        try:
-            for n, future in enumerate(as_completed(futures), 1):
-                spec = futures[future]
-                status, _ = future.result()
-                counts[status] = counts.get(status, 0) + 1
-                log.info("[%d/%d] %s seed %d: %s (%.0f s)", n, len(specs), spec.method,
-                         spec.seed, status, time.perf_counter() - start)  # fmt: skip
-        except BaseException:  # an error or Ctrl-C: finished results stay, queued runs do not start
-            for future in futures:
-                future.cancel()
-            raise
     return counts

@@ -20,6 +20,8 @@ from torch import nn
 from harness import distributed
 from harness.backbones import Backbone
 from harness.method import Batch, Embedded, Method, Mined
+from harness.pipeline import Augment, load_batch
+from harness.precision import autocast, to_float32
 from harness.timing import PhaseTimer
 
 
@@ -31,7 +33,7 @@ class StepResult:
     loss: torch.Tensor
     mined: Mined | None
     trained: bool  # False: an empty step (no gradient, or the miner found no tuples)
-    images: int
+    images: int  # the whole batch (under torchrun: all ranks' shards together)
     tuples: int = 0  # mined.count(), counted once per step
 
 
@@ -99,6 +101,9 @@ class TrainingStep:
         timer: PhaseTimer | None = None,
         split_backward: bool = False,
         dist: distributed.Dist = distributed.SINGLE,
+        augment: Augment | None = None,
+        precision: str = "fp32",
+        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         self.backbone, self.method, self.optimizer = backbone, method, optimizer
         self.images, self.device = images, device
@@ -109,23 +114,39 @@ class TrainingStep:
         self.timer = timer if timer is not None else PhaseTimer(device)
         self.split_backward = split_backward
         self.dist = dist
+        self.augment = augment
+        self.precision, self.scaler = precision, scaler
         self.params = [p for p in trainable_modules(backbone, method).parameters()]
 
-    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, Batch]:
+    def batch(
+        self, idx: torch.Tensor, images: torch.Tensor | None = None, step: int = 0
+    ) -> tuple[torch.Tensor, Batch]:
         """The prepared images of the batch `idx` (CPU indices; distributed: this rank's shard
-        of it) and the labels of the whole batch, on the device."""
-        local = idx[self.dist.shard(len(idx))] if self.dist.active else idx
-        x = self.backbone.prepare(self.images[local].to(self.device, non_blocking=True))
+        of it) and the labels of the whole batch, on the device. `images`: the shard already
+        loaded and augmented (by the training loop's Feeder), else it is loaded here."""
+        if images is None:
+            images = load_batch(self.images, self.augment, step, idx, self.dist)
+        x = self.backbone.prepare(images.to(self.device, non_blocking=True))
         idx_dev = idx.to(self.device)
         coarse = None if self.coarse is None else self.coarse[idx_dev]
         return x, Batch(self.labels[idx_dev], coarse)
 
-    def __call__(self, idx: torch.Tensor, check_indices: bool = False) -> StepResult:
-        """Train on the batch `idx`. `check_indices`: also range-check the miner's indices
-        (a read-back, so a synchronisation on a GPU: the loop asks for it every few steps)."""
+    def __call__(
+        self,
+        idx: torch.Tensor,
+        check_indices: bool = False,
+        images: torch.Tensor | None = None,
+        step: int = 0,
+    ) -> StepResult:
+        """Train on the batch `idx` (at training step `step`: the augmentation's draws).
+        `check_indices`: also range-check the miner's indices (a read-back, so a
+        synchronisation on a GPU: the loop asks for it every few steps)."""
         assert self.method.loss is not None, "a method without a loss does not train"
-        x, batch = self.batch(idx)
-        out = self.method.head(self.backbone(x))
+        x, batch = self.batch(idx, images, step)
+        with autocast(self.device, self.precision):
+            out = self.method.head(self.backbone(x))
+        if self.precision != "fp32":  # mining and losses in float32
+            out = to_float32(out)
         if self.dist.active:  # the whole batch's embeddings, as one process would have them
             out = distributed.gather_embedded(out)
         originals: list[torch.Tensor] = []
@@ -143,11 +164,16 @@ class TrainingStep:
         tuples = 0 if mined is None else mined.count()
         trained = bool(loss.requires_grad and (mined is None or tuples > 0))
         if trained:
-            self._backward(loss, originals, leaves)
+            self._backward(loss if self.scaler is None else self.scaler.scale(loss), originals,
+                           leaves)  # fmt: skip
             if self.dist.active:
                 distributed.average_gradients(self.params)
-            self.optimizer.step()
-        return StepResult(loss.detach(), mined, trained, len(x), tuples)
+            if self.scaler is None:
+                self.optimizer.step()
+            else:  # fp16: unscale, skip the step on inf/NaN gradients, adapt the scale
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+        return StepResult(loss.detach(), mined, trained, len(idx), tuples)
 
     def _backward(
         self, loss: torch.Tensor, originals: list[torch.Tensor], leaves: list[torch.Tensor]

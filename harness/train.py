@@ -16,7 +16,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,11 @@ from torch import nn
 from tqdm import tqdm
 
 from harness import distributed
+from harness.augment import TrainPipeline
 from harness.backbones import Backbone
 from harness.method import Method
+from harness.pipeline import Feeder, default_workers
+from harness.precision import grad_scaler
 from harness.protocol import Protocol
 from harness.sampler import PKSampler
 from harness.step import StepResult, TrainingStep, parameter_groups, trainable_modules
@@ -65,6 +68,8 @@ class TrainStats:
     validation: list[float] = field(default_factory=list)  # selection metric per epoch
     validation_seconds: float = 0.0  # not part of train_seconds
     best_epoch: int = 0  # 1-based; 0 = no selection, the last weights are kept
+    data_wait_seconds: float = 0.0  # the step waiting for its batch (part of train_seconds)
+    data_workers: int = 0  # processes that prepared the batches (0: the training process)
 
     def summary(self) -> dict[str, object]:
         if self.steps == 0:  # nothing trained: no throughput to report
@@ -79,6 +84,9 @@ class TrainStats:
             "seconds_per_epoch": round(self.train_seconds / max(self.epochs, 1e-9), 3),
             "mining_seconds": round(self.mining_seconds, 4),
             "loss_seconds": round(self.loss_seconds, 4),
+            "data_wait_seconds": round(self.data_wait_seconds, 4),
+            "data_wait_share": round(self.data_wait_seconds / seconds, 4),
+            "data_workers": self.data_workers,
         }
 
 
@@ -154,6 +162,7 @@ class TrainingState:
         self.sampler = PKSampler(labels, spec.classes_per_batch, spec.images_per_class, seed)
         self.modules = trainable_modules(backbone, method)
         self.optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
+        self.scaler = grad_scaler(device, protocol.precision)  # fp16 only
         self.device = device
         self.stats = TrainStats()
         self.best_state: dict[str, Any] | None = None
@@ -164,6 +173,7 @@ class TrainingState:
             "identity": identity,
             "modules": self.modules.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if cuda else None,
@@ -174,6 +184,8 @@ class TrainingState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.modules.load_state_dict(state["modules"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self.sampler.load_state_dict(state["sampler"])
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and state.get("cuda_rng") is not None:
@@ -212,10 +224,11 @@ class _Session:
     epoch's sums, the progress bar, and the clock that train_seconds is measured by."""
 
     def __init__(
-        self, state: TrainingState, step: TrainingStep, protocol: Protocol, total: int,
-        progress: bool,
+        self, state: TrainingState, step: TrainingStep, feeder: Feeder, protocol: Protocol,
+        total: int, progress: bool,
     ) -> None:  # fmt: skip
         self.state, self.step, self.protocol, self.total = state, step, protocol, total
+        self.feeder, self.wait_before = feeder, state.stats.data_wait_seconds
         self.per_epoch = state.sampler.batches_per_epoch
         stats = state.stats
         self.timer = step.timer
@@ -236,11 +249,10 @@ class _Session:
         for group in self.state.optimizer.param_groups:
             group["lr"] = self.protocol.optimizer.lr * factor * group.get("lr_scale", 1.0)
 
-    def train_step(self, step: int) -> None:
+    def train_step(self, step: int, idx: torch.Tensor, images: torch.Tensor) -> None:
         """One step at the schedule's learning rate, counted; the empty-step policy."""
         self.set_learning_rate(step)
-        idx = torch.from_numpy(self.state.sampler.next_batch())
-        result = self.step(idx, check_indices=step % LOSS_READBACK_STEPS == 0)
+        result = self.step(idx, step % LOSS_READBACK_STEPS == 0, images, step)
         self.count(result)
         self.pending.append(result.loss)
         if result.trained:
@@ -286,6 +298,7 @@ class _Session:
     def record_times(self) -> None:
         """Training seconds (validation excluded), phase seconds and epochs into the stats."""
         stats = self.state.stats
+        stats.data_wait_seconds = self.wait_before + self.feeder.wait
         stats.train_seconds = self.elapsed + self.timer.now() - self.start - self.validation_seconds
         stats.mining_seconds = self.timer.seconds["mining"]
         stats.loss_seconds = self.timer.seconds["loss"]
@@ -354,6 +367,20 @@ def _end_epoch(
     session.next_epoch()
 
 
+def _batches(
+    state: TrainingState, feeder: Feeder, total: int
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(step, indices, images) from the current step to `total`: each epoch's indices drawn
+    from the sampler at the epoch's start (the sampler state a checkpoint saves is the
+    epoch end's), their images prepared by the feeder."""
+    n, per_epoch = state.stats.steps, state.sampler.batches_per_epoch
+    while n < total:
+        end = min(total, (n // per_epoch + 1) * per_epoch)
+        keys = [(m, state.sampler.next_batch()) for m in range(n, end)]
+        yield from feeder.batches(keys)
+        n = end
+
+
 def train(
     backbone: Backbone,
     method: Method,
@@ -370,14 +397,17 @@ def train(
     identity: str = "",
     on_epoch_end: Callable[[int], None] | None = None,
     validate: Callable[[], float] | None = None,
+    workers: int | None = None,
 ) -> TrainStats:
     """Train backbone + method in place on the training split under the protocol's budget.
 
-    labels are contiguous training-class ids; images are uint8 [N, C, S, S] at input size.
-    With `checkpoint`, the state is saved there after every epoch and, if a checkpoint of
-    the same `identity` exists, training resumes from it. With `validate` (the selection
-    metric on the validation split, higher is better), it is called after every epoch and
-    the best epoch's weights are the ones left in the modules at the end.
+    labels are contiguous training-class ids; images are uint8 [N, C, L, L] at the protocol's
+    load size. With `checkpoint`, the state is saved there after every epoch and, if a
+    checkpoint of the same `identity` exists, training resumes from it. With `validate` (the
+    selection metric on the validation split, higher is better), it is called after every
+    epoch and the best epoch's weights are the ones left in the modules at the end. The
+    protocol's train augmentation is applied to every batch; `workers` processes prepare the
+    batches (None: harness.pipeline.default_workers).
     """
     if not method.trains:
         return TrainStats()
@@ -389,13 +419,19 @@ def train(
     total = total_steps(protocol, state.sampler.batches_per_epoch, max_steps)
     if state.resume(checkpoint, identity):
         log.info("resuming from %s at step %d/%d", checkpoint, state.stats.steps, total)
+    augment = (
+        TrainPipeline(protocol.augmentation.train, seed) if protocol.augmentation.train else None
+    )
     step = TrainingStep(backbone, method, state.optimizer, images, labels, coarse_labels, device,
-                        dist=dist)  # fmt: skip
-    session = _Session(state, step, protocol, total, progress)
+                        dist=dist, augment=augment, precision=protocol.precision,
+                        scaler=state.scaler)  # fmt: skip
+    state.stats.data_workers = default_workers(images, augment) if workers is None else workers
+    feeder = Feeder(images, augment, state.stats.data_workers, device.type == "cuda", dist)
+    session = _Session(state, step, feeder, protocol, total, progress)
     state.modules.train()
     try:
-        for n in range(state.stats.steps, total):
-            session.train_step(n)
+        for n, idx, batch in _batches(state, feeder, total):
+            session.train_step(n, idx, batch)
             epoch_end = session.is_epoch_end(n)
             if epoch_end or len(session.pending) >= LOSS_READBACK_STEPS:
                 session.read_back(n)
@@ -408,6 +444,7 @@ def train(
         raise
     finally:
         session.bar.close()
+        feeder.close()
     state.restore_best()
     session.record_times()
     return state.stats

@@ -10,6 +10,8 @@ the protocol's sampler, so m must be a multiple of K):
   complexity class, or says "unclear" when the fit does not support one);
 - throughput (`throughput.py`) on the protocol's real data: images per second of the
   harness's own training step (`harness.step`) and the share of it spent in mining + loss;
+- scaling across devices (`devices.py`, `--devices 1,2,...`): one method's training step
+  under torchrun on N processes against one, as speedup and efficiency;
 - harness overhead (`overhead.py`): `harness.train.train` against a hand-written loop doing
   the same steps on the same model and batches, alternated, as a throughput ratio.
 
@@ -18,6 +20,7 @@ and renders the markdown for the leaderboard. The command line (and all printing
 `harness.cli`.
 """
 
+from harness.cost.devices import DEFAULT_COUNTS, measure_devices, parse_counts
 from harness.cost.fit import COMPLEXITIES, PowerFit, fit_power_law, fits
 from harness.cost.measure import measure_cost
 from harness.cost.overhead import (
@@ -32,6 +35,8 @@ from harness.cost.report import (
     cost_rows,
     cost_section,
     cost_table,
+    devices_path,
+    devices_table,
     figure_path,
     overhead_line,
     read_cost,
@@ -49,6 +54,7 @@ __all__ = [
     "COMPLEXITIES",
     "COST_SCHEMA",
     "DEFAULT_BATCH_SIZES",
+    "DEFAULT_COUNTS",
     "DEFAULT_REPEATS",
     "DEFAULT_STEPS",
     "OVERHEAD_PIECES",
@@ -58,16 +64,20 @@ __all__ = [
     "cost_rows",
     "cost_section",
     "cost_table",
+    "devices_path",
+    "devices_table",
     "figure_path",
     "fit_power_law",
     "fits",
     "measure_cost",
+    "measure_devices",
     "measure_overhead",
     "measure_scaling",
     "measure_throughput",
     "overhead_method",
     "overhead_line",
     "parse_batch_sizes",
+    "parse_counts",
     "read_cost",
     "write_cost",
 ]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from harness.distributed import Dist
     from harness.method import Method
     from harness.protocol import Protocol
     from harness.runner import PreparedData
@@ -31,14 +32,19 @@ def measure_throughput(
     steps: int = DEFAULT_STEPS,
     warmup: int = WARMUP_STEPS,
     seed: int = 0,
+    dist: Dist | None = None,
 ) -> dict[str, Any]:
     """Whole training steps on the protocol's training images (P x K batches from its
     sampler): images per second over `steps` steps after `warmup`, and the share of those
     steps spent in mining + loss (forward and its backward down to the embedding; the
     backward is split at the embedding, which computes the same gradients). The caller gives
-    every method the same initial backbone. On CUDA the phases are timed with events."""
+    every method the same initial backbone. On CUDA the phases are timed with events. Under
+    torchrun (`dist`), this rank embeds its shard of every batch, as in a run, and the
+    images counted are the whole batches."""
     import torch
 
+    from harness import distributed
+    from harness.precision import grad_scaler
     from harness.runner import contiguous
     from harness.sampler import PKSampler
     from harness.step import TrainingStep, parameter_groups, trainable_modules
@@ -50,11 +56,16 @@ def measure_throughput(
     sampler = PKSampler(
         labels, protocol.sampler.classes_per_batch, protocol.sampler.images_per_class, seed
     )
+    dist = dist or distributed.SINGLE
+    if dist.world_size > 1:  # as train does: batch statistics over the whole batch
+        distributed.convert_batchnorm(backbone)
+        distributed.convert_batchnorm(method.head)
     modules = trainable_modules(backbone, method)
     optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
     modules.train()
     step = TrainingStep(backbone, method, optimizer, data.images[split.train], labels, coarse,
-                        device, split_backward=True)  # fmt: skip
+                        device, split_backward=True, dist=dist, precision=protocol.precision,
+                        scaler=grad_scaler(device, protocol.precision))  # fmt: skip
     for _ in range(warmup):
         step(torch.from_numpy(sampler.next_batch()))
     step.timer.reset()

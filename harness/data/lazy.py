@@ -37,6 +37,13 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def set_decode_threads(threads: int) -> None:
+    """Decode with this many threads from now on in this process (a data-loading worker
+    process uses 1: there the workers are the parallelism)."""
+    global DECODE_THREADS, _POOL
+    DECODE_THREADS, _POOL = max(1, int(threads)), None
+
+
 def open_rgb(path: str | Path):
     """The image at `path` fully decoded as RGB; a HarnessError naming the path otherwise."""
     from PIL import Image
@@ -135,7 +142,7 @@ class LazyImages:
             box = None if self.boxes is None else self.boxes[i]
             out[pos] = decode(self.paths[i], self.size, box)
 
-        if len(self) <= 2:
+        if len(self) <= 2 or DECODE_THREADS == 1:
             for pos in range(len(self)):
                 one(pos)
         else:

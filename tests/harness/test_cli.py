@@ -56,14 +56,16 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
     assert set(record["metrics"]) >= {"recall@1", "recall@2", "map@r", "nmi", "f1", "map"}
     # a fresh result has every key of a committed (schema-1) one, plus the sweep's seeds and
     # the bootstrap intervals over test queries (one per retrieval metric, low <= mean <= high),
-    # and the k-means convention of its nmi and f1
+    # the k-means convention of its nmi and f1, and what the data pipeline cost
     assert record["schema"] == 2 and record["sweep_seeds"] == [0]
     assert record["clustering_convention"] == "harness"
     committed = json.loads((REPO / "results/runs/default/contrastive/seed0.json").read_text())
     boot = record["bootstrap"]
     assert _keys(record) == _keys(committed) | {"sweep_seeds", "clustering_convention"} | {
         f"bootstrap.{k}" for k in ("unit", "resamples", "seed", "confidence", "intervals")
-    } | {"bootstrap"}
+    } | {"bootstrap"} | {
+        f"timings.{k}" for k in ("data_wait_seconds", "data_wait_share", "data_workers")
+    }  # the data pipeline's (issue 13)
     assert boot["resamples"] == 1000 and set(boot["intervals"]) == {
         m for m in record["metrics"] if m not in ("nmi", "f1", "lda")
     }

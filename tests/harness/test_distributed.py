@@ -18,6 +18,7 @@ import methods  # noqa: F401
 from harness import distributed
 from harness.method import METHODS, MethodContext
 
+pytestmark = pytest.mark.slow  # minutes: run by the README's test command, not by a bare pytest
 REPO = Path(__file__).resolve().parents[2]
 TRAINED = [n for n in METHODS.names() if METHODS.get(n).build(MethodContext((16,), 8, 4, 2)).trains]
 
@@ -120,9 +121,38 @@ def test_torchrun_harness_run_writes_one_result_like_one_process(tmp_path):
     )
     assert two["distributed"]["world_size"] == 2 and two["distributed"]["backend"] == "gloo"
     assert two["distributed"]["images_per_second_per_rank"] > 0 and "distributed" not in one
+    # the run's throughput counts whole batches: each of the 2 ranks embedded half of them
+    per_rank, total = two["distributed"]["images_per_second_per_rank"], two["timings"]
+    assert per_rank == pytest.approx(total["images_per_second"] / 2, abs=0.06)
     assert two["training"]["steps"] == one["training"]["steps"] == 4
     for name, value in one["metrics"].items():
         assert abs(two["metrics"][name] - value) < 1e-3, name
     before = (tmp_path / "two/runs/smoke/proxy_anchor/seed0.json").read_text()
     torchrun(*command, "--results-dir", str(tmp_path / "two"))
     assert (tmp_path / "two/runs/smoke/proxy_anchor/seed0.json").read_text() == before
+
+
+def test_cost_devices_measures_the_step_on_1_and_2_processes(tmp_path, capsys):
+    """`cost --devices 2`: torchrun on 1 (added: the baseline) and 2 processes; speedup and
+    efficiency follow from the measured img/s, and the leaderboard's Cost section shows them."""
+    import json
+
+    from harness.cli import main
+    from harness.cost import cost_section
+
+    args = ["cost", "--devices", "2", "--protocol", "smoke", "--methods", "proxy_anchor",
+            "--steps", "3", "--results-dir", str(tmp_path), "--json"]  # fmt: skip
+    assert main(["-q", *args]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["processes"] for r in rows] == [1, 2]
+    one, two = rows
+    assert {r["backend"] for r in rows} == {"gloo"}
+    assert two["images_per_second_per_rank"] == pytest.approx(two["images_per_second"] / 2, 0.01)
+    assert two["speedup"] == pytest.approx(
+        two["images_per_second"] / one["images_per_second"], 1e-2
+    )
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2, abs=1e-3)
+    record = json.loads((tmp_path / "cost/devices/smoke.json").read_text())
+    assert record["settings"]["threads_per_rank"] == max(1, (os.cpu_count() or 1) // 2)
+    section = cost_section(tmp_path)
+    assert "Scaling across devices: smoke" in section and "| 2 " in section

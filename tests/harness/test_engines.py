@@ -4,6 +4,7 @@ worker killed mid-run is retried, with every result written once by the driver."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 from harness.cli import main
 
+pytestmark = pytest.mark.slow  # minutes: run by the README's test command, not by a bare pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (requirements-ray.lock)")
 
 SWEEP = ["--protocol", "learning", "--method", "contrastive,proxy_anchor", "--seeds", "0,1"]
@@ -70,7 +72,8 @@ def _kill_first_task_worker(stop: threading.Event, killed: list[int]) -> None:
         time.sleep(0.2)
 
 
-def test_a_killed_worker_is_retried_and_every_result_is_written_once(tmp_path, capsys):
+def test_a_killed_worker_is_retried_and_every_result_is_written_once(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO)
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_first_task_worker, args=(stop, killed))
     watcher.start()
@@ -89,6 +92,9 @@ def test_a_killed_worker_is_retried_and_every_result_is_written_once(tmp_path, c
     assert all(r["status"] == "ok" for r in results(tmp_path).values())
     assert not (tmp_path / "archive").exists()  # each result written once
     assert "ok 2" in capsys.readouterr().out
+    # the workers streamed each finished epoch back to the driver's log
+    for seed in (0, 1):
+        assert f"contrastive seed {seed}: epoch 1 done" in caplog.messages
 
 
 def test_without_ray_the_engine_says_how_to_install_it(monkeypatch, capsys):

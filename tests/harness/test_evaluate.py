@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from harness.augment import AugmentationSpec
 from harness.backbones import Backbone
 from harness.evaluate import Evaluation, distance_histogram, evaluate, rerank
 from harness.method import Embedded, Method
@@ -59,11 +60,17 @@ class _Pooled(torch.nn.Module):
         return Embedded(embedding=features[-1], extras={"half": features[-1][:, :2]})
 
 
+def _protocol(evaluation: SimpleNamespace) -> SimpleNamespace:
+    """What evaluate reads of a protocol: its evaluation section, no augmentation, fp32."""
+    return SimpleNamespace(evaluation=evaluation, augmentation=AugmentationSpec(),
+                           backbone=SimpleNamespace(input_size=1), precision="fp32")  # fmt: skip
+
+
 def test_one_evaluate_for_all_vs_all_and_query_gallery():
     channels = 4
     backbone = Backbone([torch.nn.Identity()], [channels], channels, (0.0,) * 4, (1.0,) * 4)
     method = Method(head=_Pooled(), sub_embeddings=("half",))
-    protocol = SimpleNamespace(evaluation=SimpleNamespace(
+    protocol = _protocol(SimpleNamespace(
         batch_size=7, recall_ks=(1, 2), metrics=("recall@K", "map", "nmi"), scorer_mode="exact",
         rerank_top=5, clustering="harness"))  # fmt: skip
     gen = torch.Generator().manual_seed(3)
@@ -92,7 +99,7 @@ def test_evaluate_clusters_with_the_protocols_k_means_convention():
     method = Method(head=_Pooled(), sub_embeddings=("half",))
     evaluation = SimpleNamespace(batch_size=16, recall_ks=(1,), metrics=("recall@K", "nmi", "f1"),
                                  scorer_mode="exact", rerank_top=5, clustering="faiss")  # fmt: skip
-    protocol = SimpleNamespace(evaluation=evaluation)
+    protocol = _protocol(evaluation)
     gen = torch.Generator().manual_seed(4)
     images = torch.randint(0, 256, (60, channels, 1, 1), generator=gen, dtype=torch.uint8)
     labels = np.arange(60) % 6

@@ -21,7 +21,7 @@ from harness.results import MethodInfo, ProtocolInfo, RunResult
 
 PAPER_PROTOCOLS = sorted(
     p.stem for p in PROTOCOL_DIR.glob("*.yaml") if p.stem.split("_")[0] in
-    ("pddm", "hdc", "lifted", "quadruplet", "fair")
+    ("pddm", "hdc", "lifted", "quadruplet", "fair", "modern")
 )  # fmt: skip
 
 
@@ -34,11 +34,37 @@ def test_the_issue_protocols_are_shipped():
         p = load_protocol(name)
         assert p.backbone.pretrained == "imagenet" and p.split.official, name
         # NMI and F1 as the published tables compute them (version 2 made it so)
-        assert p.evaluation.clustering == "faiss" and p.version >= 2, name
+        assert p.evaluation.clustering == "faiss", name
+        assert p.version >= 2 or name.startswith("modern_"), name
         if name.startswith("fair_"):
             assert (p.backbone.name, p.embedding_dim, p.sampler.batch_size, p.seeds) == (
                 "resnet50", 128, 112, [0, 1, 2]) and p.backbone.frozen_batchnorm  # fmt: skip
             assert p.split.validation_fraction > 0
+            # the standard pipeline: random resized crop + flip, center crop at test (v3)
+            assert [o.op for o in p.augmentation.train] == [
+                "random_resized_crop",
+                "horizontal_flip",
+            ]
+            assert [o.op for o in p.augmentation.test] == ["center_crop"] and p.version >= 3
+
+
+def test_the_modern_protocols_are_the_two_modern_settings():
+    """ResNet-50 at 512-d (Proxy-Anchor's setting) and ViT-S/16 DINO at 384-d (Hyp-ViT's) on
+    CUB, CARS and SOP: bf16, the standard crops, published Recall@1 where recorded."""
+    for data in ("cub200", "cars196", "sop"):
+        r50, vit = load_protocol(f"modern_r50_{data}"), load_protocol(f"modern_vit_{data}")
+        assert (r50.backbone.name, r50.embedding_dim) == ("resnet50", 512)
+        assert (vit.backbone.params["model"], vit.embedding_dim) == (
+            "vit_small_patch16_224.dino",
+            384,
+        )
+        for p in (r50, vit):
+            assert p.precision == "bf16" and p.augmentation.train[0].op == "random_resized_crop"
+        assert vit.paper.reference == "hyp_vit_cvpr2022"
+        assert r50.paper.reference == ("" if data == "sop" else "proxy_anchor_cvpr2020")
+    for name in PAPER_PROTOCOLS:
+        if name.startswith("fair_"):
+            assert load_protocol(name).precision == "bf16", name
 
 
 def test_older_protocols_keep_their_hashes():
@@ -69,6 +95,14 @@ def _cpu_copy(name: str, folder: Path, pretrained: str = "none") -> Path:
     training classes), said explicitly: a test copy, never a silent fallback."""
     data = yaml.safe_load((PROTOCOL_DIR / f"{name}.yaml").read_text())
     data["backbone"].update(input_size=32, pretrained=pretrained)
+    if data["backbone"]["name"] == "timm":  # a ViT at 32 px: its position embedding too
+        data["backbone"]["params"]["img_size"] = 32
+    if "augmentation" in data:  # the fair protocols' 256 -> 224 px pipeline, at 36 -> 32 px
+        aug = data["augmentation"]
+        aug["load_size"] = 36
+        for op in aug["train"] + aug["test"]:
+            if "size" in op:
+                op["size"] = 32
     data["sampler"] = {"classes_per_batch": 2, "images_per_class": 2}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -81,9 +115,11 @@ def test_protocol_runs_two_steps_on_its_miniature_archive(name, archives, tmp_pa
     protocol = load_protocol(name)
     path = _cpu_copy(name, tmp_path)
     results = tmp_path / "results"
+    # --workers 0: in-process loading (worker processes cost ~15 s to start here; they are
+    # tested in test_augment.py and cost/test_pipeline.py)
     code = main(["-q", "run", "--protocol", str(path), "--method", "contrastive",
                  "--data-root", str(archives / protocol.dataset.name), "--max-steps", "2",
-                 "--device", "cpu", "--results-dir", str(results)])  # fmt: skip
+                 "--device", "cpu", "--workers", "0", "--results-dir", str(results)])  # fmt: skip
     assert code == 0
     record = json.loads((results / "runs" / name / "contrastive" / "seed0.json").read_text())
     assert record["status"] == "ok" and record["training"]["steps"] == 2

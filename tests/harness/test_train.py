@@ -198,7 +198,7 @@ def test_training_state_saves_what_a_resume_needs(tmp_path: Path):
     assert state.stats.best_epoch == 2 and state.best_state is not None
     state.save(tmp_path / "s.pt", "me")
     saved = torch.load(tmp_path / "s.pt", weights_only=False)
-    assert set(saved) == {"identity", "modules", "optimizer", "sampler", "torch_rng",
+    assert set(saved) == {"identity", "modules", "optimizer", "scaler", "sampler", "torch_rng",
                           "cuda_rng", "stats", "best_state"}  # fmt: skip
     again = TrainingState(backbone, method, labels, protocol, 0, CPU)
     assert not again.resume(tmp_path / "s.pt", "someone else")

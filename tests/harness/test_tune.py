@@ -59,9 +59,9 @@ def test_tune_never_embeds_the_test_split_and_run_tuned_applies_it(learning_val,
     embedded: set[bytes] = set()
     real_embed = harness.evaluate.embed
 
-    def spy(backbone, method, images, device, batch_size):
+    def spy(backbone, method, images, device, batch_size, *args):
         embedded.update(bytes(img.numpy()) for img in images)
-        return real_embed(backbone, method, images, device, batch_size)
+        return real_embed(backbone, method, images, device, batch_size, *args)
 
     monkeypatch.setattr(harness.evaluate, "embed", spy)
     results = tmp_path / "results"

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 import methods  # noqa: F401
-from harness.cli import build_parser, cmd_cost
+from harness.cli import build_parser
 from harness.cost import (
     cost_section,
     fit_power_law,
@@ -19,6 +19,7 @@ from harness.cost import (
     overhead_method,
     parse_batch_sizes,
 )
+from harness.cost.command import cmd_cost
 from harness.errors import HarnessError
 from harness.evaluate import distance_histogram
 from harness.figures import by_family, cost_figure, distance_histograms, training_curve
@@ -115,6 +116,22 @@ def test_batch_sizes_must_be_multiples_of_k():
         cmd_cost(cost_args("--protocol", "smoke", "--batch-sizes", "8,30"))
     with pytest.raises(HarnessError, match="unknown method"):
         cmd_cost(cost_args("--protocol", "smoke", "--methods", "contrastiv"))
+
+
+def test_device_counts_include_the_one_process_baseline_and_divide_the_batch():
+    from harness.cost import parse_counts
+
+    assert parse_counts("4,2,2", 64) == [1, 2, 4]  # 1 added: efficiency is against it
+    with pytest.raises(HarnessError, match="3 processes do not split .* 64"):
+        parse_counts("3", 64)
+    with pytest.raises(HarnessError, match="at least 1"):
+        parse_counts("0,2", 64)
+    with pytest.raises(HarnessError, match="integers"):
+        parse_counts("two", 64)
+    with pytest.raises(HarnessError, match="one method"):
+        cmd_cost(
+            cost_args("--protocol", "smoke", "--devices", "2", "--methods", "contrastive,triplet")
+        )
 
 
 def test_cost_command_writes_the_json_table_and_figure(tmp_path: Path, capsys):

@@ -1,0 +1,259 @@
+"""Augmentation as protocol data: a `train` pipeline of random ops applied to every training
+image, and a deterministic `test` pipeline applied to every image that is embedded for
+evaluation or validation.
+
+Published DML results train with random (resized) crops and flips and test on a resized
+center crop; numbers without them are not comparable with those tables, so the pipeline is
+part of the protocol (and of its hash). Images are first loaded at `load_size` x `load_size`
+(the backbone's input size when 0: the seed papers' "resize to 256 x 256, random crop 227"
+is load_size 256 + random_crop 227); each pipeline must end at the backbone's input size.
+
+Ops run on uint8 tensors [C, H, W] through torchvision.transforms.v2.functional, for
+in-memory and on-disk datasets alike. Every random draw of image `pos` of the batch at
+training step `step` comes from its own generator, seeded by (seed, step, pos): the draws do
+not depend on which process, worker or thread prepares the batch, so a resumed run, a run
+fed by N workers and a run on N ranks see the same augmented images as an uninterrupted,
+single-process one. The random-resized-crop box follows torchvision's RandomResizedCrop
+(10 tries, then a center crop clamped to the ratio range), drawn from that generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.registry import closest
+
+# the fields each op takes (every other field must stay at its default)
+PARAMS: dict[str, tuple[str, ...]] = {
+    "random_resized_crop": ("size", "scale", "ratio"),
+    "random_crop": ("size",),
+    "center_crop": ("size",),
+    "resize": ("size",),
+    "horizontal_flip": ("p",),
+    "color_jitter": ("brightness", "contrast", "saturation", "hue"),
+}
+RANDOM = ("random_resized_crop", "random_crop", "horizontal_flip", "color_jitter")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op of a pipeline, e.g. {op: random_resized_crop, size: 224, scale: [0.16, 1]}."""
+
+    op: str
+    size: int = 0
+    scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    ratio: list[float] = field(default_factory=lambda: [3 / 4, 4 / 3])
+    p: float = 0.5
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    hue: float = 0.0
+
+    def __post_init__(self) -> None:
+        names = list(PARAMS)
+        _check(self.op in PARAMS, f"unknown op {self.op!r}{closest(self.op, names)}; known: "
+                                  f"{', '.join(names)}")  # fmt: skip
+        for name in _DEFAULTS:
+            given = getattr(self, name) != _DEFAULTS[name]
+            _check(name in PARAMS[self.op] or not given,
+                   f"{self.op} takes {', '.join(PARAMS[self.op])}, not {name}")  # fmt: skip
+        if "size" in PARAMS[self.op]:
+            _check(self.size >= 1, f"{self.op} needs size: the output side in pixels")
+        lo, hi = (self.scale + [0, 0])[:2]
+        _check(len(self.scale) == 2 and 0 < lo <= hi <= 1, "scale must be [min, max] in (0, 1]")
+        lo, hi = (self.ratio + [0, 0])[:2]
+        _check(len(self.ratio) == 2 and 0 < lo <= hi, "ratio must be [min, max] with 0 < min")
+        _check(0 <= self.p <= 1, "p must be in [0, 1]")
+        for name in ("brightness", "contrast", "saturation"):
+            _check(getattr(self, name) >= 0, f"{name} must be >= 0")
+        _check(0 <= self.hue <= 0.5, "hue must be in [0, 0.5]")
+
+    def content(self) -> dict[str, Any]:
+        """What the protocol hash covers: the op and the fields it takes."""
+        return {"op": self.op, **{name: getattr(self, name) for name in PARAMS[self.op]}}
+
+
+_DEFAULTS = {"size": 0, "scale": [0.08, 1.0], "ratio": [3 / 4, 4 / 3], "p": 0.5,
+             "brightness": 0.0, "contrast": 0.0, "saturation": 0.0, "hue": 0.0}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AugmentationSpec:
+    """The protocol's `augmentation:` section; empty (the default): images are loaded at the
+    backbone's input size and used as they are."""
+
+    load_size: int = 0
+    train: list[OpSpec] = field(default_factory=list)
+    test: list[OpSpec] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(self.load_size >= 0, "load_size must be >= 0 (0: the backbone's input size)")
+        for op in self.test:
+            _check(op.op not in RANDOM, f"test: {op.op} is random; the test pipeline must be "
+                                        "deterministic (resize, center_crop)")  # fmt: skip
+
+    @property
+    def empty(self) -> bool:
+        return not (self.load_size or self.train or self.test)
+
+    def check_sizes(self, input_size: int) -> None:
+        """Both pipelines, from load_size, must end at the backbone's input size."""
+        start = self.load_size or input_size
+        for name, ops in (("train", self.train), ("test", self.test)):
+            side = start
+            for n, op in enumerate(ops):
+                crop = op.op in ("random_crop", "center_crop")
+                _check(not crop or op.size <= side, f"{name}[{n}]: {op.op} to {op.size} px "
+                                                    f"from images of {side} px")  # fmt: skip
+                side = op.size if "size" in PARAMS[op.op] else side
+            _check(side == input_size, f"{name} ends at {side} px but backbone.input_size is "
+                                       f"{input_size}: end it with a crop or resize to "
+                                       f"{input_size}")  # fmt: skip
+
+    def content(self) -> dict[str, Any]:
+        return {"load_size": self.load_size, "train": [op.content() for op in self.train],
+                "test": [op.content() for op in self.test]}  # fmt: skip
+
+
+def generator(seed: int, step: int, pos: int) -> Any:
+    """The torch generator of image `pos` of the batch at `step`: its own stream of draws."""
+    import torch
+
+    state = np.random.SeedSequence([seed, step, pos]).generate_state(2, np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
+
+
+def _uniform(gen: Any, lo: float, hi: float) -> float:
+    import torch
+
+    return lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
+
+
+def _crop_box(height: int, width: int, op: OpSpec, gen: Any) -> tuple[int, int, int, int]:
+    """torchvision RandomResizedCrop.get_params, drawn from `gen`: (top, left, h, w)."""
+    import torch
+
+    area = height * width
+    log_lo, log_hi = math.log(op.ratio[0]), math.log(op.ratio[1])
+    for _ in range(10):
+        target = area * _uniform(gen, op.scale[0], op.scale[1])
+        aspect = math.exp(_uniform(gen, log_lo, log_hi))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, (), generator=gen))
+            left = int(torch.randint(0, width - w + 1, (), generator=gen))
+            return top, left, h, w
+    ratio = width / height  # fallback: the whole image, clamped to the ratio range
+    if ratio < op.ratio[0]:
+        w, h = width, round(width / op.ratio[0])
+    elif ratio > op.ratio[1]:
+        h, w = height, round(height * op.ratio[1])
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def apply_op(image: Any, op: OpSpec, gen: Any = None) -> Any:
+    """One op on uint8 [..., C, H, W] (random ops: one image, drawing from `gen`)."""
+    import torch
+    import torchvision.transforms.v2.functional as TF
+
+    s = [op.size, op.size]
+    height, width = image.shape[-2:]
+    if op.op == "resize":
+        return TF.resize(image, s, antialias=True)
+    if op.op == "center_crop":
+        return TF.center_crop(image, s)
+    if op.op == "random_crop":
+        top = int(torch.randint(0, height - op.size + 1, (), generator=gen))
+        left = int(torch.randint(0, width - op.size + 1, (), generator=gen))
+        return TF.crop(image, top, left, op.size, op.size)
+    if op.op == "random_resized_crop":
+        return TF.resized_crop(image, *_crop_box(height, width, op, gen), s, antialias=True)
+    if op.op == "horizontal_flip":
+        return image.flip(-1) if _uniform(gen, 0, 1) < op.p else image
+    return _jitter(image, op, gen)
+
+
+def _jitter(image: Any, op: OpSpec, gen: Any) -> Any:
+    """torchvision ColorJitter: the four adjustments in a random order, random factors."""
+    import torch
+    import torchvision.transforms.v2.functional as TF
+
+    if image.shape[-3] != 3 and (op.saturation or op.hue):
+        from harness.errors import HarnessError
+
+        raise HarnessError(f"color_jitter: saturation and hue need RGB images; these have "
+                           f"{image.shape[-3]} channel(s): use brightness and contrast")  # fmt: skip
+    adjust = {0: ("brightness", TF.adjust_brightness), 1: ("contrast", TF.adjust_contrast),
+              2: ("saturation", TF.adjust_saturation)}  # fmt: skip
+    for k in torch.randperm(4, generator=gen).tolist():
+        if k == 3:
+            if op.hue:
+                image = TF.adjust_hue(image, _uniform(gen, -op.hue, op.hue))
+            continue
+        name, fn = adjust[k]
+        amount = getattr(op, name)
+        if amount:
+            image = fn(image, _uniform(gen, max(0.0, 1 - amount), 1 + amount))
+    return image
+
+
+class TrainPipeline:
+    """The train ops of one run (its seed): uint8 [B, C, L, L] -> [B, C, S, S]."""
+
+    def __init__(self, ops: Sequence[OpSpec], seed: int) -> None:
+        self.ops, self.seed = list(ops), int(seed)
+
+    def __call__(self, images: Any, step: int, positions: Sequence[int]) -> Any:
+        import torch
+
+        out = []
+        for image, pos in zip(images, positions, strict=True):
+            gen = generator(self.seed, step, int(pos))
+            for op in self.ops:
+                image = apply_op(image, op, gen)
+            out.append(image)
+        return torch.stack(out)
+
+
+class EvalView:
+    """Images seen through the deterministic test pipeline: slicing gives a view, `.to()`
+    (what the evaluation calls on every batch) loads and transforms the view's images."""
+
+    def __init__(self, images: Any, ops: Sequence[OpSpec], size: int) -> None:
+        self.images, self.ops, self.size = images, list(ops), size
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self), self.images.shape[1], self.size, self.size)
+
+    def __getitem__(self, key: Any) -> EvalView:
+        return EvalView(self.images[key], self.ops, self.size)
+
+    def load(self) -> Any:
+        x = self.images.load() if hasattr(self.images, "load") else self.images
+        for op in self.ops:
+            x = apply_op(x, op)
+        return x
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load().to(*args, **kwargs)
+
+
+def for_test(images: Any, spec: AugmentationSpec, input_size: int) -> Any:
+    """`images` as the evaluation embeds them: through the test pipeline when there is one."""
+    return EvalView(images, spec.test, input_size) if spec.test else images

@@ -1,0 +1,166 @@
+"""The data pipeline's speed: decoded-and-augmented training images per second for each
+number of worker processes, and the share of a training step spent waiting for data.
+
+The batches are the protocol's own (its P x K sampler over the training classes, its load
+size and train augmentation), prepared by `harness.pipeline.Feeder` exactly as in a run. The
+first WARMUP_BATCHES of each count are not timed (worker start-up); then each count is timed
+ROUNDS times, alternated with the others, and its fastest round is reported (all rounds are
+recorded): a shared machine's slow spells then do not decide the comparison. The data-wait share
+trains the protocol's backbone for `steps` steps fed by the largest worker count, with one
+method (--methods NAME, else the first registered method that trains and needs no coarse
+labels: the backbone's step dominates, so the method hardly matters);
+the backbone is randomly initialised (only timing matters here, and pretrained weights may
+not be on the machine), which the record says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from harness.errors import HarnessError
+
+WARMUP_BATCHES = 4
+DEFAULT_BATCHES = 24
+ROUNDS = 3  # each count is timed this many times, alternated with the others; the best counts
+
+
+def default_counts() -> list[int]:
+    """1, 2, 4, ... up to this machine's cores."""
+    cores, counts = os.cpu_count() or 1, [1]
+    while counts[-1] * 2 <= cores:
+        counts.append(counts[-1] * 2)
+    return counts
+
+
+def parse_workers(text: str | None) -> list[int]:
+    if text is None:
+        return default_counts()
+    try:
+        counts = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise HarnessError(f"--workers: expected comma-separated integers, got {text!r}") from None
+    if not counts or counts[0] < 0:
+        raise HarnessError("--workers: give worker counts >= 0, e.g. 1,2,4 (0: in-process)")
+    return counts
+
+
+def timing_method(asked: str | None = None) -> str:
+    """The method the data-wait share trains (see the module docstring)."""
+    from harness.method import METHODS
+
+    if asked:
+        METHODS.get(asked)  # unknown: "did you mean"
+        return asked
+    return next(n for n in METHODS.names() if METHODS.get(n).family != "none"
+                and not METHODS.get(n).needs_coarse_labels)  # fmt: skip
+
+
+def measure_pipeline(
+    protocol: Any,
+    data_root: str | None,
+    counts: Sequence[int],
+    *,
+    device: Any,
+    batches: int = DEFAULT_BATCHES,
+    steps: int = DEFAULT_BATCHES,
+    method: str | None = None,
+) -> dict[str, Any]:
+    """The `cost --pipeline` record (see the module docstring)."""
+    from harness.augment import TrainPipeline
+    from harness.pipeline import Feeder
+    from harness.results import environment
+    from harness.runner import contiguous, prepare_data
+    from harness.sampler import PKSampler
+
+    started = time.perf_counter()
+    prepared = prepare_data(protocol, data_root)
+    data, split = prepared.data, prepared.split
+    images, seed = data.images[split.train], protocol.seeds[0]
+    augment = (
+        TrainPipeline(protocol.augmentation.train, seed) if protocol.augmentation.train else None
+    )
+    spec = protocol.sampler
+    sampler = PKSampler(contiguous(data.labels[split.train]), spec.classes_per_batch,
+                        spec.images_per_class, seed)  # fmt: skip
+    keys = [(n, sampler.next_batch()) for n in range(WARMUP_BATCHES + max(batches, steps))]
+    feeders = {w: Feeder(images, augment, w, device.type == "cuda") for w in counts}
+    timed = keys[WARMUP_BATCHES : WARMUP_BATCHES + batches]
+    try:
+        for feeder in feeders.values():  # worker start-up, first decodes: not timed
+            sum(1 for _ in feeder.batches(keys[:WARMUP_BATCHES]))
+        rates: dict[int, list[float]] = {w: [] for w in counts}
+        for _ in range(ROUNDS):  # alternated, so a slow spell of the machine hits every count
+            for w, feeder in feeders.items():
+                begin = time.perf_counter()
+                n = sum(len(x) for _, _, x in feeder.batches(timed))
+                rates[w].append(round(n / (time.perf_counter() - begin), 1))
+    finally:
+        for feeder in feeders.values():
+            feeder.close()
+    rows = [{"workers": w, "images_per_second": max(r), "rounds": r} for w, r in rates.items()]
+    record: dict[str, Any] = {
+        "kind": "cost_pipeline",
+        "protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash},
+        "load_size": protocol.load_size,
+        "input_size": protocol.backbone.input_size,
+        "augmentation": [op.op for op in protocol.augmentation.train],
+        "batch_size": spec.batch_size,
+        "pipeline": rows,
+        **_data_wait(protocol, prepared, keys[: WARMUP_BATCHES + steps], augment, max(counts),
+                     device, timing_method(method)),
+    }  # fmt: skip
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    record["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record["environment"] = environment(device)
+    return record
+
+
+def _data_wait(
+    protocol: Any, prepared: Any, keys: list, augment: Any, workers: int, device: Any,
+    method: str,
+) -> dict[str, Any]:  # fmt: skip
+    """Training steps fed by `workers` processes: the share of their time spent waiting."""
+    import numpy as np
+
+    from harness.method import protocol_hyperparameters
+    from harness.model import build_model
+    from harness.pipeline import Feeder
+    from harness.runner import contiguous
+    from harness.step import TrainingStep, parameter_groups, trainable_modules
+    from harness.train import make_optimizer
+
+    data, split = prepared.data, prepared.split
+    random_init = dataclasses.replace(protocol.backbone, pretrained="none", weights_file="")
+    timed = dataclasses.replace(protocol, backbone=random_init)
+    labels = contiguous(data.labels[split.train])
+    model = build_model(timed, method, protocol_hyperparameters(timed, method),
+                        protocol.seeds[0], device, in_channels=data.images.shape[1],
+                        num_classes=len(np.unique(labels)), num_coarse_classes=None)  # fmt: skip
+    optimizer = make_optimizer(parameter_groups(model.backbone, model.method), timed)
+    trainable_modules(model.backbone, model.method).train()
+    step = TrainingStep(model.backbone, model.method, optimizer, data.images[split.train],
+                        labels, None, device)  # fmt: skip
+    feeder = Feeder(data.images[split.train], augment, workers, device.type == "cuda")
+    try:
+        for k, (n, idx, x) in enumerate(feeder.batches(keys)):
+            if k == WARMUP_BATCHES:
+                step.timer.now()  # a synchronisation: the warm-up steps are done
+                waited, begin = feeder.wait, time.perf_counter()
+            step(idx, images=x, step=n)
+        step.timer.now()
+        total = time.perf_counter() - begin
+        waited = feeder.wait - waited
+    finally:
+        feeder.close()
+    n = len(keys) - WARMUP_BATCHES
+    return {
+        "data_wait_share": round(waited / total, 4),
+        "training": {"workers": workers, "steps": n, "backbone": protocol.backbone.name,
+                     "method": method, "step_ms": round(total / n * 1e3, 2),
+                     "backbone_weights": "random (timing only)"},
+    }  # fmt: skip

@@ -1,0 +1,133 @@
+"""Feeding the training step: each step's images (this rank's shard of the batch), loaded and
+augmented, prepared ahead by worker processes while the model computes.
+
+The training loop draws an epoch's batch indices from the P x K sampler in the main process
+(so the sampler's state, which checkpoints save, never runs ahead of the epoch), then the
+`Feeder` hands them to a torch DataLoader as its sampler: with `workers` > 0, worker
+processes decode and augment whole batches (spawned, persistent for the run, `PREFETCH`
+batches ahead each, pinned memory on CUDA) and the batches arrive in step order. With 0
+workers the same function runs in the training process. Every random draw is seeded by
+(seed, step, position in batch) (harness.augment), so the images, and the result files, do
+not depend on the number of workers. The seconds the step waits for its batch are counted
+(`wait`): the data-wait share of training that results record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness import distributed
+
+PREFETCH = 2  # batches each worker prepares ahead
+MAX_AUTO_WORKERS = 8
+
+Augment = Callable[[torch.Tensor, int, Any], torch.Tensor]
+
+
+def default_workers(images: Any, augment: Augment | None) -> int:
+    """Workers when --workers is not given: none when there is nothing to prepare (images in
+    memory, no augmentation), else the machine's cores, at most MAX_AUTO_WORKERS."""
+    if augment is None and not hasattr(images, "load"):
+        return 0
+    return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
+
+
+def load_batch(
+    images: Any, augment: Augment | None, step: int, idx: Any, dist: distributed.Dist
+) -> torch.Tensor:
+    """uint8 [B, C, S, S]: this rank's shard of the batch `idx` at `step`, augmented."""
+    idx = torch.as_tensor(idx)
+    local = dist.shard(len(idx)) if dist.active else slice(None)
+    x = images[idx[local]]
+    x = x.load() if hasattr(x, "load") else x
+    if augment is not None:
+        x = augment(x, step, range(len(idx))[local])
+    return x
+
+
+class _Batches(torch.utils.data.Dataset):
+    """What a worker computes: (step, indices) -> (step, indices, images)."""
+
+    def __init__(self, images: Any, augment: Augment | None, dist: distributed.Dist) -> None:
+        self.images, self.augment, self.dist = images, augment, dist
+
+    def __getitem__(self, key: tuple[int, np.ndarray]) -> tuple[int, torch.Tensor, torch.Tensor]:
+        step, idx = key
+        idx = torch.as_tensor(idx)
+        return step, idx, load_batch(self.images, self.augment, step, idx, self.dist)
+
+
+def _one_decode_thread(worker_id: int) -> None:
+    """In a worker: decode serially (torch already runs one thread there)."""
+    from harness.data.lazy import set_decode_threads
+
+    set_decode_threads(1)
+
+
+class _Keys(torch.utils.data.Sampler):
+    """The DataLoader's sampler: the keys of the epoch being fed (set before each epoch)."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, np.ndarray]] = []
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        return iter(self.keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class Feeder:
+    """Batches for the training step, in step order, prepared by `workers` processes."""
+
+    def __init__(
+        self,
+        images: Any,
+        augment: Augment | None,
+        workers: int = 0,
+        pin_memory: bool = False,
+        dist: distributed.Dist = distributed.SINGLE,
+    ) -> None:
+        self.dataset = _Batches(images, augment, dist)
+        self.workers = int(workers)
+        self.wait = 0.0  # seconds the caller waited for batches
+        self.loader: torch.utils.data.DataLoader | None = None
+        self.keys = _Keys()
+        if self.workers > 0:
+            self.loader = torch.utils.data.DataLoader(
+                self.dataset, batch_size=None, sampler=self.keys, num_workers=self.workers,
+                pin_memory=pin_memory, prefetch_factor=PREFETCH, persistent_workers=True,
+                multiprocessing_context="spawn",  # fork after OpenMP started can hang
+                worker_init_fn=_one_decode_thread,
+            )  # fmt: skip
+
+    def batches(
+        self, keys: list[tuple[int, np.ndarray]]
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(step, indices, images) for each key, in order; the waiting is timed."""
+        if self.loader is None:
+            source: Iterator[Any] = (self.dataset[key] for key in keys)
+        else:
+            self.keys.keys = list(keys)
+            source = iter(self.loader)
+        while True:
+            begin = time.perf_counter()
+            try:
+                item = next(source)
+            except StopIteration:
+                return
+            finally:
+                self.wait += time.perf_counter() - begin
+            yield item
+
+    def close(self) -> None:
+        """Stop the worker processes (they persist across epochs until then)."""
+        loader, self.loader = self.loader, None
+        if loader is not None and loader._iterator is not None:
+            loader._iterator._shutdown_workers()

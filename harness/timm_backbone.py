@@ -1,0 +1,92 @@
+"""`backbone: {name: timm, params: {model: NAME}}`: any timm model as the backbone, e.g. ViT-S/16
+with DINO weights (`vit_small_patch16_224.dino`, 384-d), DINOv2, ConvNeXt or timm's ResNet-50.
+
+Stages, so heads can attach at several depths (HDC's cascade) on a ViT too: `stages` S
+(default 3) gives S - 1 intermediate outputs at evenly spaced depths of the model's
+feature_info (a ViT's blocks, a CNN's stages), each averaged over its spatial positions
+(timm's forward_intermediates, NCHW), then the model's own pooled output (pre-logits: the
+[CLS] token of a ViT, the average pool of a CNN), whose width is the last stage's.
+
+Weights: `pretrained: imagenet` loads the model's own pretrained weights (the name's tag:
+`.dino`, `.augreg_in21k`, ...), downloaded once by timm from the Hugging Face hub (which
+needs the internet); `--weights FILE` / `backbone.weights_file` loads a local file instead
+(a state_dict saved with torch.save, or .safetensors), for machines without it. Any other
+params (e.g. img_size: 32 for a ViT at another input size) go to timm.create_model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.backbones import BACKBONES, IMAGENET, Backbone
+from harness.errors import HarnessError
+
+
+class TimmBackbone(Backbone):
+    """A timm model whose forward returns S pooled features, shallowest first."""
+
+    def __init__(self, net: nn.Module, stages: int) -> None:
+        info = list(getattr(net, "feature_info", []) or [])
+        if stages < 1 or stages - 1 > len(info):
+            raise HarnessError(f"backbone timm: stages must be 1..{len(info) + 1} for this "
+                               f"model, got {stages}")  # fmt: skip
+        picks = [round(len(info) * k / stages) - 1 for k in range(1, stages)]
+        dims = [int(info[i]["num_chs"]) for i in picks] + [int(net.num_features)]
+        cfg = getattr(net, "pretrained_cfg", None) or {}
+        mean = tuple(cfg.get("mean", IMAGENET[0]))
+        std = tuple(cfg.get("std", IMAGENET[1]))
+        super().__init__([net], dims, 3, mean, std)
+        self.picks = picks
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        net = self.stages[0]
+        if not self.picks:
+            return [net.forward_head(net.forward_features(x), pre_logits=True)]
+        final, inter = net.forward_intermediates(x, indices=self.picks, output_fmt="NCHW")
+        return [t.mean((-2, -1)) for t in inter] + [net.forward_head(final, pre_logits=True)]
+
+
+def _timm() -> Any:
+    try:
+        import timm
+    except ImportError:
+        raise HarnessError("backbone timm needs the timm package: pip install -r "
+                           "requirements.lock (or pip install timm)") from None  # fmt: skip
+    return timm
+
+
+@BACKBONES.register("timm")
+def timm_backbone(
+    *, pretrained: str, in_channels: int, model: str = "", stages: int = 3,
+    weights_file: str = "", **options: Any,
+) -> Backbone:  # fmt: skip
+    """A timm model by name (see the module docstring)."""
+    timm = _timm()
+    if not model:
+        raise HarnessError("backbone timm needs params.model, a timm model name such as "
+                           "vit_small_patch16_224.dino (timm.list_models(pretrained=True))")  # fmt: skip
+    if not timm.is_model(model):
+        from harness.registry import closest
+
+        raise HarnessError(f"backbone timm: unknown model {model!r}"
+                           f"{closest(model, timm.list_models(model.split('_')[0] + '*'))}")  # fmt: skip
+    kwargs: dict[str, Any] = {"num_classes": 0, **options}
+    if weights_file:
+        kwargs.update(pretrained=True, pretrained_cfg_overlay={"file": weights_file})
+    elif pretrained == "imagenet":
+        kwargs["pretrained"] = True
+    try:
+        net = timm.create_model(model, **kwargs)
+    except TypeError as exc:
+        raise HarnessError(f"backbone timm: bad backbone.params for {model} ({exc})") from None
+    except (OSError, RuntimeError, ValueError) as exc:  # a failed download, a foreign file
+        source = f"weights file {weights_file}" if weights_file else "the pretrained weights"
+        raise HarnessError(
+            f"backbone timm: cannot load {source} of {model} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); without the internet, pass "
+            "`--weights FILE` (a state_dict or .safetensors of this model)"
+        ) from None
+    return TimmBackbone(net, stages)

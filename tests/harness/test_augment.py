@@ -1,0 +1,208 @@
+"""Augmentation as protocol data: the ops, their seeding by (seed, step, position), the strict
+`augmentation:` section, and training fed by worker processes (same result for any count)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+import yaml
+
+import methods  # noqa: F401
+from harness.augment import AugmentationSpec, EvalView, OpSpec, TrainPipeline, apply_op, generator
+from harness.backbones import build_backbone
+from harness.cli import main
+from harness.errors import HarnessError
+from harness.method import METHODS, MethodContext
+from harness.protocol import load_protocol, parse_protocol
+from harness.shipped import PROTOCOL_DIR
+from harness.train import train
+
+CPU = torch.device("cpu")
+IMAGE = torch.arange(3 * 6 * 8, dtype=torch.uint8).reshape(3, 6, 8)
+
+
+def op(name: str, **params) -> OpSpec:
+    return OpSpec(op=name, **params)
+
+
+def test_deterministic_ops_are_the_plain_crops_and_resizes():
+    assert torch.equal(apply_op(IMAGE, op("center_crop", size=4)), IMAGE[:, 1:5, 2:6])
+    assert torch.equal(apply_op(IMAGE, op("resize", size=5)),
+                       TF.resize(IMAGE, [5, 5], antialias=True))  # fmt: skip
+    flipped = apply_op(IMAGE, op("horizontal_flip", p=1.0), generator(0, 0, 0))
+    assert torch.equal(flipped, IMAGE.flip(-1))
+    assert torch.equal(apply_op(IMAGE, op("horizontal_flip", p=0.0), generator(0, 0, 0)), IMAGE)
+
+
+def test_a_random_crop_is_a_window_of_the_image_drawn_by_its_own_generator():
+    out = apply_op(IMAGE, op("random_crop", size=4), generator(0, 3, 1))
+    windows = [IMAGE[:, t : t + 4, s : s + 4] for t in range(3) for s in range(5)]
+    assert any(torch.equal(out, w) for w in windows)
+    again = apply_op(IMAGE, op("random_crop", size=4), generator(0, 3, 1))
+    assert torch.equal(out, again)  # the same (seed, step, position): the same draw
+    tops = {int(torch.randint(0, 100, (), generator=generator(0, s, 0))) for s in range(20)}
+    assert len(tops) > 10  # other steps draw otherwise
+
+
+def test_the_random_resized_crop_box_keeps_to_its_scale_and_ratio():
+    from harness.augment import _crop_box
+
+    spec = op("random_resized_crop", size=8, scale=[0.25, 0.5], ratio=[0.5, 2.0])
+    for step in range(200):
+        top, left, h, w = _crop_box(100, 120, spec, generator(1, step, 0))
+        assert 0 <= top <= 100 - h and 0 <= left <= 120 - w
+        assert 0.25 * 12000 * 0.9 <= h * w <= 0.5 * 12000 * 1.1
+        assert 0.5 * 0.9 <= w / h <= 2.0 * 1.1
+    whole = op("random_resized_crop", size=4, scale=[1.0, 1.0], ratio=[1.0, 1.0])
+    square = IMAGE[:, :, :6]
+    assert torch.equal(apply_op(square, whole, generator(0, 0, 0)),
+                       TF.resize(square, [4, 4], antialias=True))  # fmt: skip
+
+
+def test_brightness_jitter_scales_by_a_factor_in_its_range():
+    image = torch.full((3, 4, 4), 100, dtype=torch.uint8)
+    factors = {
+        int(apply_op(image, op("color_jitter", brightness=0.4), generator(0, s, 0))[0, 0, 0])
+        for s in range(50)
+    }
+    assert min(factors) >= 60 and max(factors) <= 140 and len(factors) > 20
+    with pytest.raises(HarnessError, match="saturation and hue need RGB"):
+        apply_op(image[:1], op("color_jitter", hue=0.1), generator(0, 0, 0))
+
+
+def test_an_image_is_augmented_by_its_step_and_position_not_by_its_batch():
+    """What makes workers and ranks irrelevant: a shard at positions 2..3 gets the same
+    images as positions 2..3 of the whole batch."""
+    ops = [op("random_resized_crop", size=4, scale=[0.3, 1.0]), op("horizontal_flip")]
+    pipe = TrainPipeline(ops, seed=5)
+    batch = torch.stack([IMAGE[:, :, :6]] * 4)
+    whole = pipe(batch, step=7, positions=range(4))
+    assert torch.equal(pipe(batch[2:], step=7, positions=range(2, 4)), whole[2:])
+    assert not torch.equal(whole[0], whole[1])  # each position draws its own crop
+    assert not torch.equal(pipe(batch, step=8, positions=range(4)), whole)
+
+
+def _protocol_with(augmentation: dict) -> dict:
+    data = yaml.safe_load((PROTOCOL_DIR / "smoke.yaml").read_text())
+    data["augmentation"] = augmentation
+    return data
+
+
+@pytest.mark.parametrize(
+    ("augmentation", "message"),
+    [
+        (
+            {"train": [{"op": "random_resized_crp", "size": 16}]},
+            "did you mean 'random_resized_crop'",
+        ),
+        ({"train": [{"op": "horizontal_flip", "size": 16}]}, "horizontal_flip takes p, not size"),
+        ({"test": [{"op": "horizontal_flip"}]}, "test pipeline must be deterministic"),
+        (
+            {"load_size": 20, "train": [{"op": "random_crop", "size": 14}]},
+            "train ends at 14 px but backbone.input_size is 16",
+        ),
+        ({"load_size": 20}, "train ends at 20 px"),
+        ({"train": [{"op": "center_crop", "size": 18}]}, "center_crop to 18 px from images of 16"),
+        ({"train": [{"op": "random_resized_crop", "size": 16, "scale": [0.5, 2]}]}, "scale must"),
+        ({"trian": []}, "unknown key 'trian'"),
+    ],
+)
+def test_the_augmentation_section_is_strict(augmentation, message):
+    with pytest.raises(HarnessError, match=message):
+        parse_protocol(_protocol_with(augmentation), "p.yaml")
+
+
+def test_augmentation_is_in_the_hash_and_absent_from_older_protocols():
+    plain = load_protocol("smoke")
+    assert "augmentation" not in plain.content()
+    data = _protocol_with({"load_size": 20, "train": [{"op": "random_crop", "size": 16}],
+                           "test": [{"op": "center_crop", "size": 16}]})  # fmt: skip
+    augmented = parse_protocol(data, "p.yaml")
+    assert augmented.hash != plain.hash and augmented.load_size == 20
+    assert augmented.content()["augmentation"]["train"] == [{"op": "random_crop", "size": 16}]
+
+
+def test_the_test_view_is_the_images_through_the_test_pipeline():
+    images = torch.randint(0, 255, (5, 3, 20, 20), dtype=torch.uint8)
+    ops = [op("resize", size=18), op("center_crop", size=16)]
+    view = EvalView(images, ops, 16)
+    assert view.shape == (5, 3, 16, 16) and len(view[1:4]) == 3
+    expected = TF.center_crop(TF.resize(images[1:4], [18, 18], antialias=True), [16, 16])
+    assert torch.equal(view[1:4].to(CPU), expected)
+
+
+def _augmented_smoke(steps: int) -> tuple:
+    protocol = load_protocol("smoke")
+    spec = AugmentationSpec(
+        load_size=20,
+        train=[op("random_resized_crop", size=16, scale=[0.5, 1.0]), op("horizontal_flip"),
+               op("color_jitter", brightness=0.3, contrast=0.3)],
+        test=[op("center_crop", size=16)],
+    )  # fmt: skip
+    protocol = dataclasses.replace(protocol, augmentation=spec,
+                                   budget=dataclasses.replace(protocol.budget, steps=steps))  # fmt: skip
+    images = torch.randint(0, 255, (48, 1, 20, 20), generator=torch.Generator().manual_seed(0),
+                           dtype=torch.uint8)  # fmt: skip
+    return protocol, images, np.repeat(np.arange(6), 8)
+
+
+def _fresh(protocol):
+    torch.manual_seed(0)
+    backbone = build_backbone(protocol.backbone, 1)
+    method = METHODS.get("contrastive").build(MethodContext(tuple(backbone.stage_dims), 16, 6))
+    return backbone, method
+
+
+@pytest.mark.slow
+def test_training_fed_by_two_workers_equals_training_in_process(tmp_path):
+    """The same weights and losses with 0 and 2 worker processes; augmentation changes what
+    is trained; an interrupted augmented run resumes bit-identically."""
+    protocol, images, labels = _augmented_smoke(9)  # 3 steps per epoch
+    runs = {}
+    for workers in (0, 2):
+        backbone, method = _fresh(protocol)
+        stats = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
+                      workers=workers)  # fmt: skip
+        runs[workers] = (stats, backbone.state_dict())
+        assert stats.data_workers == workers and stats.data_wait_seconds > 0
+    (s0, w0), (s2, w2) = runs[0], runs[2]
+    assert s0.epoch_loss == s2.epoch_loss and all(torch.equal(w0[k], w2[k]) for k in w0)
+    plain = dataclasses.replace(protocol, augmentation=AugmentationSpec())
+    backbone, method = _fresh(plain)
+    unaugmented = train(backbone, method, images[:, :, 2:18, 2:18].contiguous(), labels, None,
+                        plain, 0, CPU, progress=False)  # fmt: skip
+    assert unaugmented.epoch_loss != s0.epoch_loss
+
+    def crash(epoch: int) -> None:
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    backbone, method = _fresh(protocol)
+    with pytest.raises(KeyboardInterrupt):
+        train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
+              checkpoint=tmp_path / "c.pt", identity="a", on_epoch_end=crash, workers=2)  # fmt: skip
+    backbone, method = _fresh(protocol)
+    resumed = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
+                    checkpoint=tmp_path / "c.pt", identity="a", workers=0)  # fmt: skip
+    assert resumed.resumed_from_step == 6 and resumed.epoch_loss == s0.epoch_loss
+    assert all(torch.equal(backbone.state_dict()[k], w0[k]) for k in w0)
+
+
+def test_a_run_records_its_augmentation_and_its_data_pipeline(tmp_path):
+    data = _protocol_with({"load_size": 18, "train": [{"op": "random_crop", "size": 16},
+                                                      {"op": "horizontal_flip"}],
+                           "test": [{"op": "center_crop", "size": 16}]})  # fmt: skip
+    path = tmp_path / "augmented.yaml"
+    path.write_text(yaml.safe_dump(data))
+    args = ["-q", "run", "--protocol", str(path), "--method", "contrastive", "--workers", "0",
+            "--results-dir", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads((tmp_path / "runs/smoke/contrastive/seed0.json").read_text())
+    assert result["protocol"]["content"]["augmentation"]["load_size"] == 18
+    assert result["timings"]["data_workers"] == 0
+    assert 0 <= result["timings"]["data_wait_share"] < 1
