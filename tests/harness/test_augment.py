@@ -11,13 +11,12 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 import yaml
+from tiny_training import crash_after_epoch_2, fresh_contrastive
 
 import methods  # noqa: F401
 from harness.augment import AugmentationSpec, EvalView, OpSpec, TrainPipeline, apply_op, generator
-from harness.backbones import build_backbone
 from harness.cli import main
 from harness.errors import HarnessError
-from harness.method import METHODS, MethodContext
 from harness.protocol import load_protocol, parse_protocol
 from harness.shipped import PROTOCOL_DIR
 from harness.train import train
@@ -151,13 +150,6 @@ def _augmented_smoke(steps: int) -> tuple:
     return protocol, images, np.repeat(np.arange(6), 8)
 
 
-def _fresh(protocol):
-    torch.manual_seed(0)
-    backbone = build_backbone(protocol.backbone, 1)
-    method = METHODS.get("contrastive").build(MethodContext(tuple(backbone.stage_dims), 16, 6))
-    return backbone, method
-
-
 @pytest.mark.slow
 def test_training_fed_by_two_workers_equals_training_in_process(tmp_path):
     """The same weights and losses with 0 and 2 worker processes; augmentation changes what
@@ -165,7 +157,7 @@ def test_training_fed_by_two_workers_equals_training_in_process(tmp_path):
     protocol, images, labels = _augmented_smoke(9)  # 3 steps per epoch
     runs = {}
     for workers in (0, 2):
-        backbone, method = _fresh(protocol)
+        backbone, method = fresh_contrastive(protocol)
         stats = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
                       workers=workers)  # fmt: skip
         runs[workers] = (stats, backbone.state_dict())
@@ -173,20 +165,17 @@ def test_training_fed_by_two_workers_equals_training_in_process(tmp_path):
     (s0, w0), (s2, w2) = runs[0], runs[2]
     assert s0.epoch_loss == s2.epoch_loss and all(torch.equal(w0[k], w2[k]) for k in w0)
     plain = dataclasses.replace(protocol, augmentation=AugmentationSpec())
-    backbone, method = _fresh(plain)
+    backbone, method = fresh_contrastive(plain)
     unaugmented = train(backbone, method, images[:, :, 2:18, 2:18].contiguous(), labels, None,
                         plain, 0, CPU, progress=False)  # fmt: skip
     assert unaugmented.epoch_loss != s0.epoch_loss
 
-    def crash(epoch: int) -> None:
-        if epoch == 2:
-            raise KeyboardInterrupt
-
-    backbone, method = _fresh(protocol)
+    backbone, method = fresh_contrastive(protocol)
     with pytest.raises(KeyboardInterrupt):
         train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-              checkpoint=tmp_path / "c.pt", identity="a", on_epoch_end=crash, workers=2)  # fmt: skip
-    backbone, method = _fresh(protocol)
+              checkpoint=tmp_path / "c.pt", identity="a", on_epoch_end=crash_after_epoch_2,
+              workers=2)  # fmt: skip
+    backbone, method = fresh_contrastive(protocol)
     resumed = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
                     checkpoint=tmp_path / "c.pt", identity="a", workers=0)  # fmt: skip
     assert resumed.resumed_from_step == 6 and resumed.epoch_loss == s0.epoch_loss

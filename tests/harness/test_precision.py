@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from tiny_training import crash_after_epoch_2, fresh_contrastive
 
 import methods  # noqa: F401
-from harness.backbones import build_backbone
 from harness.cli import main
 from harness.errors import HarnessError
-from harness.method import METHODS, MethodContext
 from harness.protocol import load_protocol, parse_protocol
 from harness.shipped import PROTOCOL_DIR
 from harness.train import train
@@ -32,19 +31,12 @@ def _setup(precision: str, steps: int = 6):
     return protocol, images, np.repeat(np.arange(6), 8)
 
 
-def _fresh(protocol):
-    torch.manual_seed(0)
-    backbone = build_backbone(protocol.backbone, 1)
-    method = METHODS.get("contrastive").build(MethodContext(tuple(backbone.stage_dims), 16, 6))
-    return backbone, method
-
-
 @pytest.mark.parametrize(
     ("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)]
 )
 def test_the_backbone_computes_in_low_precision_and_the_loss_in_float32(precision, dtype):
     protocol, images, labels = _setup(precision)
-    backbone, method = _fresh(protocol)
+    backbone, method = fresh_contrastive(protocol)
     seen: dict[str, set] = {"conv": set(), "loss": set()}
     first_conv = next(m for m in backbone.modules() if isinstance(m, torch.nn.Conv2d))
     first_conv.register_forward_hook(lambda m, i, o: seen["conv"].add(o.dtype))
@@ -57,21 +49,17 @@ def test_the_backbone_computes_in_low_precision_and_the_loss_in_float32(precisio
 
 def test_fp16_resumes_bit_identically_with_its_loss_scaler(tmp_path):
     protocol, images, labels = _setup("fp16", steps=9)  # 3 steps per epoch
-    backbone, method = _fresh(protocol)
+    backbone, method = fresh_contrastive(protocol)
     whole = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False)
     expected = {k: v.clone() for k, v in backbone.state_dict().items()}
 
-    def crash(epoch: int) -> None:
-        if epoch == 2:
-            raise KeyboardInterrupt
-
-    backbone, method = _fresh(protocol)
+    backbone, method = fresh_contrastive(protocol)
     with pytest.raises(KeyboardInterrupt):
         train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-              checkpoint=tmp_path / "c.pt", identity="a", on_epoch_end=crash)  # fmt: skip
+              checkpoint=tmp_path / "c.pt", identity="a", on_epoch_end=crash_after_epoch_2)  # fmt: skip
     saved = torch.load(tmp_path / "c.pt", weights_only=False)
     assert saved["scaler"]["scale"] > 0  # the scaler's state travels with the checkpoint
-    backbone, method = _fresh(protocol)
+    backbone, method = fresh_contrastive(protocol)
     resumed = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
                     checkpoint=tmp_path / "c.pt", identity="a")  # fmt: skip
     assert resumed.resumed_from_step == 6 and resumed.epoch_loss == whole.epoch_loss
