@@ -130,6 +130,7 @@ def _data_wait(
     from harness.method import protocol_hyperparameters
     from harness.model import build_model
     from harness.pipeline import Feeder
+    from harness.precision import grad_scaler
     from harness.runner import contiguous
     from harness.step import TrainingStep, parameter_groups, trainable_modules
     from harness.train import make_optimizer
@@ -144,7 +145,8 @@ def _data_wait(
     optimizer = make_optimizer(parameter_groups(model.backbone, model.method), timed)
     trainable_modules(model.backbone, model.method).train()
     step = TrainingStep(model.backbone, model.method, optimizer, data.images[split.train],
-                        labels, None, device)  # fmt: skip
+                        labels, None, device, precision=timed.precision,
+                        scaler=grad_scaler(device, timed.precision))  # fmt: skip
     feeder = Feeder(data.images[split.train], augment, workers, device.type == "cuda")
     try:
         for k, (n, idx, x) in enumerate(feeder.batches(keys)):
