@@ -7,6 +7,10 @@ center crop; numbers without them are not comparable with those tables, so the p
 part of the protocol (and of its hash). Images are first loaded at `load_size` x `load_size`
 (the backbone's input size when 0: the seed papers' "resize to 256 x 256, random crop 227"
 is load_size 256 + random_crop 227); each pipeline must end at the backbone's input size.
+With `load: original` images are loaded at their own size and aspect (the bounding box, when
+the protocol crops one), as torchvision's usual pipeline takes them: RandomResizedCrop from
+the original image for training, Resize(256) of the shorter side + CenterCrop(224) at test
+(`resize_shorter` + `center_crop`); then each pipeline must first bring them to a known size.
 
 Ops run on uint8 tensors [C, H, W] through torchvision.transforms.v2.functional, for
 in-memory and on-disk datasets alike. Every random draw of image `pos` of the batch at
@@ -30,10 +34,11 @@ from harness.registry import closest
 
 # the fields each op takes (every other field must stay at its default)
 PARAMS: dict[str, tuple[str, ...]] = {
-    "random_resized_crop": ("size", "scale", "ratio"),
+    "random_resized_crop": ("size", "scale", "ratio", "interpolation"),
     "random_crop": ("size",),
     "center_crop": ("size",),
-    "resize": ("size",),
+    "resize": ("size", "interpolation"),
+    "resize_shorter": ("size", "interpolation"),
     "horizontal_flip": ("p",),
     "color_jitter": ("brightness", "contrast", "saturation", "hue"),
 }
@@ -58,6 +63,7 @@ class OpSpec:
     contrast: float = 0.0
     saturation: float = 0.0
     hue: float = 0.0
+    interpolation: str = "bilinear"  # or "bicubic" (antialiased either way)
 
     def __post_init__(self) -> None:
         names = list(PARAMS)
@@ -77,14 +83,21 @@ class OpSpec:
         for name in ("brightness", "contrast", "saturation"):
             _check(getattr(self, name) >= 0, f"{name} must be >= 0")
         _check(0 <= self.hue <= 0.5, "hue must be in [0, 0.5]")
+        _check(self.interpolation in ("bilinear", "bicubic"),
+               f"interpolation must be bilinear or bicubic, got {self.interpolation!r}")  # fmt: skip
 
     def content(self) -> dict[str, Any]:
-        """What the protocol hash covers: the op and the fields it takes."""
-        return {"op": self.op, **{name: getattr(self, name) for name in PARAMS[self.op]}}
+        """What the protocol hash covers: the op and the fields it takes (interpolation only
+        when not bilinear, which older protocols used without naming it)."""
+        data = {"op": self.op, **{name: getattr(self, name) for name in PARAMS[self.op]}}
+        if data.get("interpolation") == "bilinear":
+            data.pop("interpolation")
+        return data
 
 
 _DEFAULTS = {"size": 0, "scale": [0.08, 1.0], "ratio": [3 / 4, 4 / 3], "p": 0.5,
-             "brightness": 0.0, "contrast": 0.0, "saturation": 0.0, "hue": 0.0}  # fmt: skip
+             "brightness": 0.0, "contrast": 0.0, "saturation": 0.0, "hue": 0.0,
+             "interpolation": "bilinear"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,34 +108,48 @@ class AugmentationSpec:
     load_size: int = 0
     train: list[OpSpec] = field(default_factory=list)
     test: list[OpSpec] = field(default_factory=list)
+    load: str = "square"  # "square": load_size x load_size; "original": own size and aspect
 
     def __post_init__(self) -> None:
         _check(self.load_size >= 0, "load_size must be >= 0 (0: the backbone's input size)")
+        _check(self.load in ("square", "original"),
+               f"load must be square or original, got {self.load!r}")  # fmt: skip
+        _check(self.load == "square" or not self.load_size,
+               "load_size is the side of square loading: drop it with load: original")  # fmt: skip
         for op in self.test:
             _check(op.op not in RANDOM, f"test: {op.op} is random; the test pipeline must be "
                                         "deterministic (resize, center_crop)")  # fmt: skip
 
     @property
     def empty(self) -> bool:
-        return not (self.load_size or self.train or self.test)
+        return not (self.load_size or self.train or self.test or self.load != "square")
 
     def check_sizes(self, input_size: int) -> None:
-        """Both pipelines, from load_size, must end at the backbone's input size."""
-        start = self.load_size or input_size
+        """Both pipelines, from the loaded images, must end at the backbone's input size, as
+        squares. With `load: original` the side is unknown until a resize or a random resized
+        crop sets it; `resize_shorter` sets the shorter side (the image stays oblong)."""
         for name, ops in (("train", self.train), ("test", self.test)):
-            side = start
+            side: int | None = None if self.load == "original" else self.load_size or input_size
+            square = side is not None
             for n, op in enumerate(ops):
-                crop = op.op in ("random_crop", "center_crop")
-                _check(not crop or op.size <= side, f"{name}[{n}]: {op.op} to {op.size} px "
-                                                    f"from images of {side} px")  # fmt: skip
-                side = op.size if "size" in PARAMS[op.op] else side
-            _check(side == input_size, f"{name} ends at {side} px but backbone.input_size is "
-                                       f"{input_size}: end it with a crop or resize to "
-                                       f"{input_size}")  # fmt: skip
+                if op.op in ("random_crop", "center_crop"):
+                    _check(side is not None, f"{name}[{n}]: {op.op} of images of unknown size "
+                                             "(load: original): resize them first")  # fmt: skip
+                    _check(op.size <= side, f"{name}[{n}]: {op.op} to {op.size} px from images "
+                                            f"of {side} px")  # fmt: skip
+                if "size" in PARAMS[op.op]:
+                    side, square = op.size, square or op.op != "resize_shorter"
+            _check(side is not None, f"{name} leaves the images at their original sizes (load: "
+                                     f"original): resize or crop them to {input_size}")  # fmt: skip
+            _check(side == input_size and square,
+                   f"{name} ends at {side} px{'' if square else ' (shorter side)'} but "
+                   f"backbone.input_size is {input_size}: end it with a crop or resize to "
+                   f"{input_size}")  # fmt: skip
 
     def content(self) -> dict[str, Any]:
-        return {"load_size": self.load_size, "train": [op.content() for op in self.train],
+        data = {"load_size": self.load_size, "train": [op.content() for op in self.train],
                 "test": [op.content() for op in self.test]}  # fmt: skip
+        return data if self.load == "square" else {"load": self.load, **data}
 
 
 def generator(seed: int, step: int, pos: int) -> Any:
@@ -170,8 +197,11 @@ def apply_op(image: Any, op: OpSpec, gen: Any = None) -> Any:
 
     s = [op.size, op.size]
     height, width = image.shape[-2:]
+    mode = TF.InterpolationMode(op.interpolation)
     if op.op == "resize":
-        return TF.resize(image, s, antialias=True)
+        return TF.resize(image, s, mode, antialias=True)
+    if op.op == "resize_shorter":  # torchvision Resize(size): the shorter side, aspect kept
+        return TF.resize(image, [op.size], mode, antialias=True)
     if op.op == "center_crop":
         return TF.center_crop(image, s)
     if op.op == "random_crop":
@@ -179,7 +209,8 @@ def apply_op(image: Any, op: OpSpec, gen: Any = None) -> Any:
         left = int(torch.randint(0, width - op.size + 1, (), generator=gen))
         return TF.crop(image, top, left, op.size, op.size)
     if op.op == "random_resized_crop":
-        return TF.resized_crop(image, *_crop_box(height, width, op, gen), s, antialias=True)
+        box = _crop_box(height, width, op, gen)
+        return TF.resized_crop(image, *box, s, mode, antialias=True)
     if op.op == "horizontal_flip":
         return image.flip(-1) if _uniform(gen, 0, 1) < op.p else image
     return _jitter(image, op, gen)
@@ -210,7 +241,8 @@ def _jitter(image: Any, op: OpSpec, gen: Any) -> Any:
 
 
 class TrainPipeline:
-    """The train ops of one run (its seed): uint8 [B, C, L, L] -> [B, C, S, S]."""
+    """The train ops of one run (its seed): uint8 [B, C, L, L] (or a list of [C, H, W] of
+    their own sizes, `load: original`) -> [B, C, S, S]."""
 
     def __init__(self, ops: Sequence[OpSpec], seed: int) -> None:
         self.ops, self.seed = list(ops), int(seed)
@@ -245,7 +277,14 @@ class EvalView:
         return EvalView(self.images[key], self.ops, self.size)
 
     def load(self) -> Any:
+        import torch
+
         x = self.images.load() if hasattr(self.images, "load") else self.images
+        if isinstance(x, list):  # images of their own sizes (load: original): one by one
+            return torch.stack([self._apply(image) for image in x])
+        return self._apply(x)
+
+    def _apply(self, x: Any) -> Any:
         for op in self.ops:
             x = apply_op(x, op)
         return x

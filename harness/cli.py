@@ -139,6 +139,14 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
                      help="processes that load and augment batches beside training (default: "
                      "0 for images in memory without augmentation, else the cores, at most 8); "
                      "results do not depend on it")  # fmt: skip
+    run.add_argument("--decoder", choices=["pil", "torch"], default="pil",
+                     help="who decodes image files: PIL in the workers (default) or torchvision "
+                     "on the run's device (nvJPEG on CUDA; the workers only read the files); "
+                     "recorded in each result")  # fmt: skip
+    run.add_argument("--compile", action="store_true",
+                     help="train the backbone through torch.compile (inductor: a C++ compiler on "
+                     "the CPU, Triton on CUDA); not part of the hash: rounding differs from eager "
+                     "by float-rounding amounts; recorded in each result")  # fmt: skip
     run.add_argument("--engine", default="local", choices=["local", "ray"],
                      help="local: one run after another in this process (default); ray: each "
                      "run a Ray task (needs the ray extra)")  # fmt: skip
@@ -208,6 +216,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         force=args.force,
         weights=args.weights,
         workers=args.workers,
+        decoder=args.decoder,
+        compile=args.compile,
         tuned=args.tuned,
     )
     here = _join_torchrun(args)
@@ -216,6 +226,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.engine == "ray" and here.active:
         raise HarnessError("--engine ray runs whole runs as tasks; do not launch it with torchrun")
+    if args.compile and args.address is None:  # runs train on this machine: check it up front
+        from harness.devices import resolve_device
+        from harness.train import check_compile
+
+        check_compile(resolve_device(args.device))
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         if args.engine == "ray":

@@ -8,8 +8,10 @@ processes decode and augment whole batches (spawned, persistent for the run, `PR
 batches ahead each, pinned memory on CUDA) and the batches arrive in step order. With 0
 workers the same function runs in the training process. Every random draw is seeded by
 (seed, step, position in batch) (harness.augment), so the images, and the result files, do
-not depend on the number of workers. The seconds the step waits for its batch are counted
-(`wait`): the data-wait share of training that results record.
+not depend on the number of workers. With the torch decoder (`run --decoder torch`) the
+workers only read the files, and the training process decodes and augments each batch on
+its device (harness.data.torch_decode), inside the timed wait. The seconds the step waits
+for its batch are counted (`wait`): the data-wait share of training that results record.
 """
 
 from __future__ import annotations
@@ -42,25 +44,55 @@ def load_batch(
     images: Any, augment: Augment | None, step: int, idx: Any, dist: distributed.Dist
 ) -> torch.Tensor:
     """uint8 [B, C, S, S]: this rank's shard of the batch `idx` at `step`, augmented."""
+    return finish(prepare(images, augment, step, idx, dist), augment, step, idx, dist)
+
+
+def _positions(idx: Any, dist: distributed.Dist) -> range:
+    """The positions in the whole batch of this rank's shard (the augmentation's seeds)."""
+    return range(len(idx))[dist.shard(len(idx)) if dist.active else slice(None)]
+
+
+def prepare(
+    images: Any, augment: Augment | None, step: int, idx: Any, dist: distributed.Dist
+) -> Any:
+    """What a data worker makes of a batch: its images loaded and augmented, or, when the
+    training process decodes them (the torch decoder), only its files read (`Encoded`)."""
     idx = torch.as_tensor(idx)
-    local = dist.shard(len(idx)) if dist.active else slice(None)
-    x = images[idx[local]]
+    positions = _positions(idx, dist)
+    x = images[idx[positions.start : positions.stop]]
+    if getattr(x, "decoder", "pil") == "torch":
+        return x.read()
     x = x.load() if hasattr(x, "load") else x
-    if augment is not None:
-        x = augment(x, step, range(len(idx))[local])
-    return x
+    return augment(x, step, positions) if augment is not None else x
+
+
+def finish(
+    prepared: Any, augment: Augment | None, step: int, idx: Any, dist: distributed.Dist
+) -> torch.Tensor:
+    """The batch as the step takes it: read files are decoded (on the decoder's device) and
+    augmented here; a batch the worker finished is returned as it is."""
+    from harness.data.torch_decode import Encoded
+
+    if not isinstance(prepared, Encoded):
+        return prepared
+    x = prepared.decode()
+    return augment(x, step, _positions(idx, dist)) if augment is not None else x
 
 
 class _Batches(torch.utils.data.Dataset):
-    """What a worker computes: (step, indices) -> (step, indices, images)."""
+    """What a worker computes: (step, indices) -> (step, indices, prepared batch)."""
 
     def __init__(self, images: Any, augment: Augment | None, dist: distributed.Dist) -> None:
         self.images, self.augment, self.dist = images, augment, dist
 
-    def __getitem__(self, key: tuple[int, np.ndarray]) -> tuple[int, torch.Tensor, torch.Tensor]:
+    def __getitem__(self, key: tuple[int, np.ndarray]) -> tuple[int, torch.Tensor, Any]:
         step, idx = key
         idx = torch.as_tensor(idx)
-        return step, idx, load_batch(self.images, self.augment, step, idx, self.dist)
+        return step, idx, prepare(self.images, self.augment, step, idx, self.dist)
+
+    def finish(self, item: tuple[int, torch.Tensor, Any]) -> tuple[int, torch.Tensor, Any]:
+        step, idx, prepared = item
+        return step, idx, finish(prepared, self.augment, step, idx, self.dist)
 
 
 def _one_decode_thread(worker_id: int) -> None:
@@ -119,7 +151,7 @@ class Feeder:
         while True:
             begin = time.perf_counter()
             try:
-                item = next(source)
+                item = self.dataset.finish(next(source))
             except StopIteration:
                 return
             finally:

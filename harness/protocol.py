@@ -236,7 +236,10 @@ class Protocol:
 
     @property
     def load_size(self) -> int:
-        """The side images are loaded at: augmentation.load_size, else the input size."""
+        """The side images are loaded at: augmentation.load_size, else the input size; 0 for
+        `load: original` (each image at its own size)."""
+        if self.augmentation.load == "original":
+            return 0
         return self.augmentation.load_size or self.backbone.input_size
 
     def content(self) -> dict[str, Any]:

@@ -75,6 +75,8 @@ class RunSpec:
     force: bool = False
     weights: str | None = None  # a local ImageNet weights file (overrides backbone.weights_file)
     workers: int | None = None  # processes preparing batches (None: pipeline.default_workers)
+    decoder: str = "pil"  # who decodes image files: "pil" (the workers) or "torch" (the device)
+    compile: bool = False  # the training step's backbone through torch.compile
     hyperparameters: dict[str, Any] | None = field(default=None, hash=False)  # None: resolve
     sweep_seeds: tuple[int, ...] | None = None  # what the sweep asked for (None: the protocol's)
     # a tuned configuration (`run --tuned`): the tuning study's record; None: paper defaults
@@ -198,10 +200,10 @@ def prepare_data(protocol: Protocol, data_root: str | None) -> PreparedData:
 
 def resize(data: LabelledImages, size: int) -> LabelledImages:
     """Resize all images once, up front, so the training step never resizes (images read
-    from disk are decoded at `size` batch by batch instead)."""
+    from disk are decoded at `size` batch by batch instead; size 0 keeps them as they are)."""
     if hasattr(data.images, "resized"):  # a LazyImages
         return dataclasses.replace(data, images=data.images.resized(size))
-    if data.images.shape[-2:] == (size, size):
+    if not size or data.images.shape[-2:] == (size, size):  # 0: as they are (load: original)
         return data
     out = torch.empty((len(data), data.images.shape[1], size, size), dtype=torch.uint8)
     for s in range(0, len(data), 1024):
@@ -209,6 +211,18 @@ def resize(data: LabelledImages, size: int) -> LabelledImages:
         chunk = F.interpolate(chunk, size=(size, size), mode="bilinear", antialias=True)
         out[s : s + 1024] = chunk.round().clamp(0, 255).to(torch.uint8)
     return dataclasses.replace(data, images=out)
+
+
+def decoded_by(
+    data: LabelledImages, decoder: str, device: torch.device, protocol: Protocol
+) -> LabelledImages:
+    """The data with its image files decoded by `decoder` ("pil" or "torch" on `device`)."""
+    if decoder == "pil":
+        return data
+    if not hasattr(data.images, "decoded_by"):
+        raise HarnessError(f"--decoder {decoder} decodes image files, but {protocol.dataset.name} "
+                           "is held in memory: drop --decoder")  # fmt: skip
+    return dataclasses.replace(data, images=data.images.decoded_by(decoder, device))
 
 
 def contiguous(labels: np.ndarray) -> np.ndarray:
@@ -423,7 +437,7 @@ def _execute(
     results_dir = Path(spec.results_dir)
     device = resolve_device(spec.device)
     prepared = prepare_data(protocol, spec.data_root)
-    data, split = prepared.data, prepared.split
+    data, split = decoded_by(prepared.data, spec.decoder, device, protocol), prepared.split
     _describe_run(record, protocol, data, split, device)
     log.debug("%s seed %d: protocol %s v%d from %s (hash %s), hyperparameters %s, device %s",
               spec.method, spec.seed, protocol.name, protocol.version, protocol.path,
@@ -446,7 +460,7 @@ def _execute(
             protocol, spec.method, hyper, spec.seed, device, data, split.train,
             split.validation, max_steps=spec.max_steps, progress=progress, checkpoint=ckpt,
             identity=identity, on_epoch_end=on_epoch_end, weights=spec.weights,
-            workers=spec.workers,
+            workers=spec.workers, compile=spec.compile,
         )  # fmt: skip
     except TrainingFailed as exc:
         if not distributed.current().is_main:

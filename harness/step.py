@@ -87,6 +87,9 @@ class TrainingStep:
     With `split_backward`, the backward is split at the head's outputs, so the "loss" phase
     holds the loss's forward and its own backward (the same gradients reach the parameters);
     the cost command uses it to report what mining + loss cost within a whole step.
+    `backbone` may be torch.compile's wrapper of the module (`run --compile`, see
+    harness.train.compiled): the step only calls it and its `prepare`, and the wrapper's
+    parameters are the module's own.
     """
 
     def __init__(

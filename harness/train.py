@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from harness import distributed
 from harness.augment import TrainPipeline
 from harness.backbones import Backbone
+from harness.errors import HarnessError
 from harness.method import Method
 from harness.pipeline import Feeder, default_workers
 from harness.precision import grad_scaler
@@ -70,6 +72,8 @@ class TrainStats:
     best_epoch: int = 0  # 1-based; 0 = no selection, the last weights are kept
     data_wait_seconds: float = 0.0  # the step waiting for its batch (part of train_seconds)
     data_workers: int = 0  # processes that prepared the batches (0: the training process)
+    decoder: str | None = None  # who decoded image files: "pil" or "torch"; None: in memory
+    compiled: bool = False  # the backbone ran through torch.compile (run --compile)
 
     def summary(self) -> dict[str, object]:
         if self.steps == 0:  # nothing trained: no throughput to report
@@ -87,6 +91,8 @@ class TrainStats:
             "data_wait_seconds": round(self.data_wait_seconds, 4),
             "data_wait_share": round(self.data_wait_seconds / seconds, 4),
             "data_workers": self.data_workers,
+            "decoder": self.decoder,
+            "compiled": self.compiled,
         }
 
 
@@ -340,6 +346,30 @@ class _Session:
             ) from exc
 
 
+def check_compile(device: torch.device) -> None:
+    """Stop with a one-line HarnessError, before any step, when torch.compile's inductor
+    cannot work on `device`: on the CPU it compiles C++ (a compiler, $CXX or g++), on CUDA it
+    writes Triton kernels. Without the check the first step dies deep in inductor."""
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise HarnessError("--compile on CUDA needs Triton (pip install triton): install it "
+                               "or drop --compile")  # fmt: skip
+    elif not shutil.which(os.environ.get("CXX", "g++")) and not shutil.which("c++"):
+        raise HarnessError("--compile needs a C++ compiler (g++) on the CPU: install one or "
+                           "drop --compile")  # fmt: skip
+
+
+def compiled(backbone: nn.Module, device: torch.device) -> nn.Module:
+    """The backbone through torch.compile (inductor), for the training step only: a wrapper
+    that shares the module's parameters, so the optimizer, the checkpoints (no `_orig_mod.`
+    keys), validation and the final evaluation keep using the eager module itself. Rounding
+    differs from eager by float-rounding amounts; the first steps include the compilation."""
+    check_compile(device)
+    return torch.compile(backbone)
+
+
 def total_steps(protocol: Protocol, per_epoch: int, max_steps: int | None) -> int:
     """The protocol's budget in steps, capped by max_steps."""
     total = protocol.budget.steps or protocol.budget.epochs * per_epoch
@@ -398,6 +428,7 @@ def train(
     on_epoch_end: Callable[[int], None] | None = None,
     validate: Callable[[], float] | None = None,
     workers: int | None = None,
+    compile: bool = False,
 ) -> TrainStats:
     """Train backbone + method in place on the training split under the protocol's budget.
 
@@ -407,7 +438,8 @@ def train(
     selection metric on the validation split, higher is better), it is called after every
     epoch and the best epoch's weights are the ones left in the modules at the end. The
     protocol's train augmentation is applied to every batch; `workers` processes prepare the
-    batches (None: harness.pipeline.default_workers).
+    batches (None: harness.pipeline.default_workers). With `compile`, the training step runs
+    the backbone through torch.compile (checkpoints and weights stay the module's own).
     """
     if not method.trains:
         return TrainStats()
@@ -422,10 +454,13 @@ def train(
     augment = (
         TrainPipeline(protocol.augmentation.train, seed) if protocol.augmentation.train else None
     )
-    step = TrainingStep(backbone, method, state.optimizer, images, labels, coarse_labels, device,
+    state.stats.compiled = compile
+    step = TrainingStep(compiled(backbone, device) if compile else backbone, method,
+                        state.optimizer, images, labels, coarse_labels, device,
                         dist=dist, augment=augment, precision=protocol.precision,
                         scaler=state.scaler)  # fmt: skip
     state.stats.data_workers = default_workers(images, augment) if workers is None else workers
+    state.stats.decoder = getattr(images, "decoder", None)
     feeder = Feeder(images, augment, state.stats.data_workers, device.type == "cuda", dist)
     session = _Session(state, step, feeder, protocol, total, progress)
     state.modules.train()

@@ -58,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       "and the data-wait share of a training step")  # fmt: skip
     cost.add_argument("--workers", metavar="N[,N...]",
                       help="--pipeline: worker counts (default: 1, 2, 4, ... up to the cores)")  # fmt: skip
+    cost.add_argument("--decoder", choices=["pil", "torch"], default="pil",
+                      help="--pipeline: who decodes the files: PIL in the workers (default) or "
+                      "torchvision on the device (nvJPEG on CUDA; the workers only read them)")  # fmt: skip
     cost.add_argument("--json", action="store_true", help="print the per-method list as JSON")
     return cost
 
@@ -162,7 +165,8 @@ def _cost_pipeline(args: argparse.Namespace, protocol: Protocol) -> int:
         raise HarnessError("--pipeline trains one method for the data-wait share: give one name "
                            "to --methods (or none)")  # fmt: skip
     record = measure_pipeline(protocol, args.data_root, counts, device=resolve_device(args.device),
-                              steps=args.steps, method=asked[0] if asked else None)  # fmt: skip
+                              steps=args.steps, method=asked[0] if asked else None,
+                              decoder=args.decoder)  # fmt: skip
     path = Path(args.results_dir) / "cost" / "pipeline" / f"{protocol.name}.json"
     write_json_atomic(path, record)
     if args.json:
@@ -170,7 +174,8 @@ def _cost_pipeline(args: argparse.Namespace, protocol: Protocol) -> int:
         return 0
     for row in record["pipeline"]:
         print(f"{row['workers']} worker(s): {row['images_per_second']:.0f} images/s decoded and "
-              f"augmented ({record['load_size']} -> {record['input_size']} px)")  # fmt: skip
+              f"augmented ({record['load_size'] or 'original'} -> {record['input_size']} px, "
+              f"decoder {record['decoder']})")  # fmt: skip
     t = record["training"]
     print(f"data-wait share of a training step: {record['data_wait_share'] * 100:.1f}% "
           f"({t['backbone']}, {t['backbone_weights']} weights, {t['workers']} workers, "

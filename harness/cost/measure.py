@@ -179,7 +179,13 @@ def measure_cost(
     sizes = parse_batch_sizes(batch_sizes, protocol.sampler.images_per_class)
     k = protocol.sampler.images_per_class
     started = time.perf_counter()
-    setup = _setup(protocol, prepare_data(protocol, data_root), list(names), max(sizes) // k,
+    # timing only: pretrained weights change no cost and may not be on the machine
+    timed = dataclasses.replace(
+        protocol,
+        backbone=dataclasses.replace(protocol.backbone, pretrained="none", weights_file=""),
+    )
+    pretrained = protocol.backbone.pretrained != "none" or bool(protocol.backbone.weights_file)
+    setup = _setup(timed, prepare_data(protocol, data_root), list(names), max(sizes) // k,
                    device)  # fmt: skip
     entries = [_measure_method(setup, name, sizes, repeats, steps) for name in names]
     record: dict[str, Any] = {
@@ -192,7 +198,8 @@ def measure_cost(
                      "throughput_steps": steps, "warmup_steps": WARMUP_STEPS,
                      "stage_dims": list(setup.context.stage_dims),
                      "embedding_dim": protocol.embedding_dim,
-                     "synthetic_classes": setup.synthetic.num_classes, "seed": setup.seed},
+                     "synthetic_classes": setup.synthetic.num_classes, "seed": setup.seed,
+                     "backbone_weights": "random (timing only)" if pretrained else "none"},
         "methods": entries,
         "overhead": _overhead(setup, entries, breakdown, overhead_on) if overhead else None,
     }  # fmt: skip

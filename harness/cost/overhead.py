@@ -57,7 +57,7 @@ def _quiet() -> Iterator[None]:
 def _bare_loop(
     backbone: torch.nn.Module,
     method: Method,
-    images: torch.Tensor,
+    images: torch.Tensor | list[torch.Tensor],
     labels_t: torch.Tensor,
     coarse_t: torch.Tensor | None,
     batches: list[torch.Tensor],
@@ -67,16 +67,19 @@ def _bare_loop(
     checkpoint: Path | None = None,
     per_epoch: int = 0,
 ) -> None:
-    """The training step written out by hand, nothing else. `extras` adds the harness's
-    bookkeeping one piece at a time, to find what costs: "item" (the loss read back every
-    step), "check" (the miner's index check and counts), "timers" (PhaseTimer around mining
-    and loss), "progress" (a tqdm bar updated every step), "lr" (the schedule set every
-    step), "checkpoint" (the state saved at each epoch end)."""
+    """The training step written out by hand, nothing else. `images`: the images in memory,
+    indexed by each batch, or (a list) each batch's images already prepared on the device.
+    The backbone and head run under autocast in the protocol's precision, the loss in
+    float32, as the harness's step does. `extras` adds the harness's bookkeeping one piece
+    at a time, to find what costs: "item" (the loss read back every step), "check" (the
+    miner's index check and counts), "timers" (PhaseTimer around mining and loss),
+    "progress" (a tqdm bar updated every step), "lr" (the schedule set every step),
+    "checkpoint" (the state saved at each epoch end)."""
     import torch
     from torch import nn
     from tqdm import tqdm
 
-    from harness.method import Batch
+    from harness.method import Batch, Embedded
     from harness.step import parameter_groups
     from harness.timing import PhaseTimer
     from harness.train import make_optimizer, save_checkpoint
@@ -87,14 +90,22 @@ def _bare_loop(
     timer = PhaseTimer(device)
     phase = timer.phase if "timers" in extras else (lambda name: contextlib.nullcontext())
     bar = tqdm(total=len(batches), disable="progress" not in extras, leave=False)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(protocol.precision)
+    scaler = torch.amp.GradScaler(device.type) if protocol.precision == "fp16" else None
     for step, idx in enumerate(batches):
         if "lr" in extras:
             for group in optimizer.param_groups:
                 group["lr"] = protocol.optimizer.lr * group.get("lr_scale", 1.0)
-        x = backbone.prepare(images[idx].to(device, non_blocking=True))
+        staged = images[step] if isinstance(images, list) else images[idx]
+        x = backbone.prepare(staged.to(device, non_blocking=True))
         idx_dev = idx.to(device)
         batch = Batch(labels_t[idx_dev], None if coarse_t is None else coarse_t[idx_dev])
-        out = method.head(backbone(x))
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            out = method.head(backbone(x))
+        if dtype is not None:
+            out = Embedded(out.embedding.float(),
+                           {k: v.float() if v.is_floating_point() else v
+                            for k, v in out.extras.items()})  # fmt: skip
         mined = None
         if method.miner is not None:
             with phase("mining"), torch.no_grad():
@@ -107,8 +118,13 @@ def _bare_loop(
         if "item" in extras:
             value = float(loss.detach())
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         if "progress" in extras:
             bar.update(1)
             bar.set_postfix(loss=f"{value if 'item' in extras else 0.0:.4f}", refresh=False)
@@ -147,13 +163,31 @@ class _Loops:
         self.steps = min(self.per_epoch + 1, OVERHEAD_MAX_STEPS, budget)
         self.images_per_run = self.steps * p * k
         self.batches = [torch.from_numpy(sampler.next_batch()) for _ in range(self.steps)]
+        self.staged = self._stage(protocol, seed, device)
         self.labels_t = torch.as_tensor(self.labels, device=device)
         self.coarse_t = None if self.coarse is None else torch.as_tensor(self.coarse, device=device)
+
+    def _stage(self, protocol: Protocol, seed: int, device: torch.device) -> list | None:
+        """Images read from disk or augmented: each batch prepared once, up front, and kept on
+        the device, so the bare loop measures the model alone (the issue's "data already on
+        the GPU"), while the harness loop prepares them as a run does. None: images in
+        memory without augmentation, indexed by both loops alike."""
+        from harness import distributed
+        from harness.augment import TrainPipeline
+        from harness.pipeline import load_batch
+
+        train = protocol.augmentation.train
+        if not train and not hasattr(self.images, "load"):
+            return None
+        augment = TrainPipeline(train, seed) if train else None
+        return [load_batch(self.images, augment, n, idx, distributed.SINGLE).to(device)
+                for n, idx in enumerate(self.batches)]  # fmt: skip
 
     def bare(self, extras: frozenset[str] = frozenset(), steps: int | None = None) -> float:
         bb, mt = copy.deepcopy(self.backbone), copy.deepcopy(self.method)
         start = self.timer.now()
-        _bare_loop(bb, mt, self.images, self.labels_t, self.coarse_t, self.batches[:steps],
+        images = self.images if self.staged is None else self.staged
+        _bare_loop(bb, mt, images, self.labels_t, self.coarse_t, self.batches[:steps],
                    self.protocol, self.device, extras,
                    self.ckpt if "checkpoint" in extras else None, self.per_epoch)  # fmt: skip
         seconds = self.timer.now() - start

@@ -10,7 +10,8 @@ trains the protocol's backbone for `steps` steps fed by the largest worker count
 method (--methods NAME, else the first registered method that trains and needs no coarse
 labels: the backbone's step dominates, so the method hardly matters);
 the backbone is randomly initialised (only timing matters here, and pretrained weights may
-not be on the machine), which the record says.
+not be on the machine), which the record says. `decoder="torch"` measures the torch decoder
+(the workers read the files; the measuring process decodes and augments on the device).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def measure_pipeline(
     batches: int = DEFAULT_BATCHES,
     steps: int = DEFAULT_BATCHES,
     method: str | None = None,
+    decoder: str = "pil",
 ) -> dict[str, Any]:
     """The `cost --pipeline` record (see the module docstring)."""
     from harness.augment import TrainPipeline
@@ -80,6 +82,12 @@ def measure_pipeline(
     started = time.perf_counter()
     prepared = prepare_data(protocol, data_root)
     data, split = prepared.data, prepared.split
+    if decoder != "pil":
+        if not hasattr(data.images, "decoded_by"):
+            raise HarnessError(f"--decoder {decoder} decodes image files: {protocol.dataset.name} "
+                               "is held in memory")  # fmt: skip
+        data = dataclasses.replace(data, images=data.images.decoded_by(decoder, device))
+        prepared = dataclasses.replace(prepared, data=data)
     images, seed = data.images[split.train], protocol.seeds[0]
     augment = (
         TrainPipeline(protocol.augmentation.train, seed) if protocol.augmentation.train else None
@@ -87,7 +95,7 @@ def measure_pipeline(
     spec = protocol.sampler
     sampler = PKSampler(contiguous(data.labels[split.train]), spec.classes_per_batch,
                         spec.images_per_class, seed)  # fmt: skip
-    keys = [(n, sampler.next_batch()) for n in range(WARMUP_BATCHES + max(batches, steps))]
+    keys = [(n, sampler.next_batch()) for n in range(WARMUP_BATCHES + batches)]
     feeders = {w: Feeder(images, augment, w, device.type == "cuda") for w in counts}
     timed = keys[WARMUP_BATCHES : WARMUP_BATCHES + batches]
     try:
@@ -109,9 +117,10 @@ def measure_pipeline(
         "load_size": protocol.load_size,
         "input_size": protocol.backbone.input_size,
         "augmentation": [op.op for op in protocol.augmentation.train],
+        "decoder": decoder,
         "batch_size": spec.batch_size,
         "pipeline": rows,
-        **_data_wait(protocol, prepared, keys[: WARMUP_BATCHES + steps], augment, max(counts),
+        **_data_wait(protocol, prepared, steps, augment, max(counts),
                      device, timing_method(method)),
     }  # fmt: skip
     record["seconds"] = round(time.perf_counter() - started, 1)
@@ -121,19 +130,18 @@ def measure_pipeline(
 
 
 def _data_wait(
-    protocol: Any, prepared: Any, keys: list, augment: Any, workers: int, device: Any,
+    protocol: Any, prepared: Any, steps: int, augment: Any, workers: int, device: Any,
     method: str,
 ) -> dict[str, Any]:  # fmt: skip
-    """Training steps fed by `workers` processes: the share of their time spent waiting."""
+    """Training steps fed by `workers` processes, timed as a run takes them: the share of
+    their time spent waiting for data."""
     import numpy as np
 
+    from harness.cost.throughput import measure_throughput
     from harness.method import protocol_hyperparameters
     from harness.model import build_model
     from harness.pipeline import Feeder
-    from harness.precision import grad_scaler
     from harness.runner import contiguous
-    from harness.step import TrainingStep, parameter_groups, trainable_modules
-    from harness.train import make_optimizer
 
     data, split = prepared.data, prepared.split
     random_init = dataclasses.replace(protocol.backbone, pretrained="none", weights_file="")
@@ -142,27 +150,16 @@ def _data_wait(
     model = build_model(timed, method, protocol_hyperparameters(timed, method),
                         protocol.seeds[0], device, in_channels=data.images.shape[1],
                         num_classes=len(np.unique(labels)), num_coarse_classes=None)  # fmt: skip
-    optimizer = make_optimizer(parameter_groups(model.backbone, model.method), timed)
-    trainable_modules(model.backbone, model.method).train()
-    step = TrainingStep(model.backbone, model.method, optimizer, data.images[split.train],
-                        labels, None, device, precision=timed.precision,
-                        scaler=grad_scaler(device, timed.precision))  # fmt: skip
     feeder = Feeder(data.images[split.train], augment, workers, device.type == "cuda")
     try:
-        for k, (n, idx, x) in enumerate(feeder.batches(keys)):
-            if k == WARMUP_BATCHES:
-                step.timer.now()  # a synchronisation: the warm-up steps are done
-                waited, begin = feeder.wait, time.perf_counter()
-            step(idx, images=x, step=n)
-        step.timer.now()
-        total = time.perf_counter() - begin
-        waited = feeder.wait - waited
+        measured = measure_throughput(model.backbone, model.method, prepared, timed, device,
+                                      steps=steps, warmup=WARMUP_BATCHES, seed=protocol.seeds[0],
+                                      feeder=feeder, split_backward=False)  # fmt: skip
     finally:
         feeder.close()
-    n = len(keys) - WARMUP_BATCHES
     return {
-        "data_wait_share": round(waited / total, 4),
-        "training": {"workers": workers, "steps": n, "backbone": protocol.backbone.name,
-                     "method": method, "step_ms": round(total / n * 1e3, 2),
+        "data_wait_share": measured["data_wait_share"],
+        "training": {"workers": workers, "steps": steps, "backbone": protocol.backbone.name,
+                     "method": method, "step_ms": measured["step_ms"],
                      "backbone_weights": "random (timing only)"},
     }  # fmt: skip

@@ -33,6 +33,8 @@ def measure_throughput(
     warmup: int = WARMUP_STEPS,
     seed: int = 0,
     dist: Dist | None = None,
+    feeder: Any = None,
+    split_backward: bool = True,
 ) -> dict[str, Any]:
     """Whole training steps on the protocol's training images (P x K batches from its
     sampler): images per second over `steps` steps after `warmup`, and the share of those
@@ -40,15 +42,14 @@ def measure_throughput(
     backward is split at the embedding, which computes the same gradients). The caller gives
     every method the same initial backbone. On CUDA the phases are timed with events. Under
     torchrun (`dist`), this rank embeds its shard of every batch, as in a run, and the
-    images counted are the whole batches."""
+    images counted are the whole batches. With a `feeder` (harness.pipeline.Feeder) the
+    batches come from it, prepared as in a run, and the record adds the data-wait share;
+    `split_backward=False` times the step exactly as a run takes it (no mining/loss split)."""
     import torch
 
     from harness import distributed
-    from harness.precision import grad_scaler
     from harness.runner import contiguous
     from harness.sampler import PKSampler
-    from harness.step import TrainingStep, parameter_groups, trainable_modules
-    from harness.train import make_optimizer
 
     data, split = prepared.data, prepared.split
     labels = contiguous(data.labels[split.train])
@@ -60,21 +61,21 @@ def measure_throughput(
     if dist.world_size > 1:  # as train does: batch statistics over the whole batch
         distributed.convert_batchnorm(backbone)
         distributed.convert_batchnorm(method.head)
-    modules = trainable_modules(backbone, method)
-    optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
-    modules.train()
-    step = TrainingStep(backbone, method, optimizer, data.images[split.train], labels, coarse,
-                        device, split_backward=True, dist=dist, precision=protocol.precision,
-                        scaler=grad_scaler(device, protocol.precision))  # fmt: skip
-    for _ in range(warmup):
-        step(torch.from_numpy(sampler.next_batch()))
-    step.timer.reset()
-    images, empty = 0, 0
-    begin = step.timer.now()
-    for _ in range(steps):
-        result = step(torch.from_numpy(sampler.next_batch()))
-        images += result.images
-        empty += not result.trained
+    step = _training_step(backbone, method, data.images[split.train], labels, coarse, protocol,
+                          device, seed, dist, split_backward)  # fmt: skip
+    keys = [(n, sampler.next_batch()) for n in range(warmup + steps)]
+    plain = ((n, torch.from_numpy(idx), None) for n, idx in keys)
+    source = feeder.batches(keys) if feeder is not None else plain
+    images, empty, waited = 0, 0, 0.0
+    for k, (n, idx, x) in enumerate(source):
+        if k == warmup:
+            step.timer.reset()
+            begin = step.timer.now()
+            waited = feeder.wait if feeder is not None else 0.0
+        result = step(idx, images=x, step=n)
+        if k >= warmup:
+            images += result.images
+            empty += not result.trained
     seconds = step.timer.now() - begin
     mining_loss = step.timer.total("mining", "loss")
     return {
@@ -85,4 +86,23 @@ def measure_throughput(
         "mining_loss_ms": round(mining_loss / steps * 1e3, 3),
         "mining_loss_share": round(mining_loss / seconds, 4),
         "empty_steps": empty,
-    }
+    } | ({} if feeder is None else {"data_wait_share": round((feeder.wait - waited) / seconds, 4)})
+
+
+def _training_step(
+    backbone: torch.nn.Module, method: Method, images: Any, labels: Any, coarse: Any,
+    protocol: Protocol, device: torch.device, seed: int, dist: Dist, split_backward: bool,
+) -> Any:  # fmt: skip
+    """The step a run trains with: the protocol's optimizer, precision and augmentation."""
+    from harness.augment import TrainPipeline
+    from harness.precision import grad_scaler
+    from harness.step import TrainingStep, parameter_groups, trainable_modules
+    from harness.train import make_optimizer
+
+    optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
+    trainable_modules(backbone, method).train()
+    train = protocol.augmentation.train
+    return TrainingStep(backbone, method, optimizer, images, labels, coarse, device,
+                        split_backward=split_backward, dist=dist, precision=protocol.precision,
+                        scaler=grad_scaler(device, protocol.precision),
+                        augment=TrainPipeline(train, seed) if train else None)  # fmt: skip

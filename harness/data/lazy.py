@@ -9,8 +9,11 @@ and `images[start:end].to(dev)` work unchanged on either kind of image source.
 
 Decoding is deterministic: PIL opens the file, converts it to RGB, crops the bounding box
 when one is given, and resizes the result to S x S with PIL's bilinear filter (antialiased;
-the aspect ratio is not kept, like the 256 x 256 resize of the seed papers). There is no random
-crop or flip. A missing, truncated or corrupt file raises a HarnessError naming its path.
+the aspect ratio is not kept, like the 256 x 256 resize of the seed papers). Size 0 keeps
+each image at its own size and aspect (the augmentation's `load: original`): `.load()` then
+returns a list of [3, H, W] tensors, for the augmentation to crop and resize one by one.
+Random crops and flips are the augmentation's (harness.augment), not the decoder's. A missing,
+truncated or corrupt file raises a HarnessError naming its path.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.data.torch_decode import Encoded
 
 # PIL releases the GIL while decoding JPEGs: a few threads keep a GPU fed; order is kept.
 DECODE_THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -63,19 +70,28 @@ def open_rgb(path: str | Path):
         ) from None
 
 
+def box_edges(box: np.ndarray | None, width: int, height: int) -> tuple[int, int, int, int] | None:
+    """(left, top, right, bottom) pixel edges of a crop box, rounded and clamped to the image;
+    None for no box (absent, NaN, or empty once clamped)."""
+    if box is None or np.isnan(box).any():
+        return None
+    left, top = max(0, int(round(box[0]))), max(0, int(round(box[1])))
+    right = min(width, max(left + 1, int(round(box[2]))))
+    bottom = min(height, max(top + 1, int(round(box[3]))))
+    return (left, top, right, bottom) if right > left and bottom > top else None
+
+
 def decode(path: str | Path, size: int, box: np.ndarray | None = None) -> np.ndarray:
     """uint8 [3, size, size]: the image, cropped to `box` (left, top, right, bottom; pixel
-    edges, clamped to the image) when given, resized to size x size."""
+    edges, clamped to the image) when given, resized to size x size (size 0: not resized)."""
     from PIL import Image
 
     im = open_rgb(path)
-    if box is not None and not np.isnan(box).any():
-        left, top = max(0, int(round(box[0]))), max(0, int(round(box[1])))
-        right = min(im.width, max(left + 1, int(round(box[2]))))
-        bottom = min(im.height, max(top + 1, int(round(box[3]))))
-        if right > left and bottom > top:
-            im = im.crop((left, top, right, bottom))
-    im = im.resize((size, size), Image.Resampling.BILINEAR)
+    edges = box_edges(box, im.width, im.height)
+    if edges is not None:
+        im = im.crop(edges)
+    if size:
+        im = im.resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(im, dtype=np.uint8).transpose(2, 0, 1)
 
 
@@ -83,6 +99,8 @@ class LazyImages:
     """A view of image files that looks like a uint8 tensor [N, 3, size, size] to the harness.
 
     paths: one file per item; boxes: float [N, 4] crop boxes (NaN rows: no crop) or None.
+    decoder: "pil" (decode with PIL on the CPU, in whichever process loads) or "torch"
+    (torchvision's decoder on `device`; harness.data.torch_decode).
     """
 
     dtype = torch.uint8
@@ -94,11 +112,14 @@ class LazyImages:
         size: int,
         boxes: np.ndarray | None = None,
         indices: np.ndarray | None = None,
+        decoder: str = "pil",
+        device: str = "cpu",
     ) -> None:
         self.paths = paths
         self.size = int(size)
         self.boxes = boxes
         self.indices = np.arange(len(paths)) if indices is None else np.asarray(indices, np.int64)
+        self.decoder, self.device = decoder, str(device)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -124,18 +145,32 @@ class LazyImages:
         return self._view(self.indices[idx.astype(np.int64)])
 
     def _view(self, indices: np.ndarray) -> LazyImages:
-        return LazyImages(self.paths, self.size, self.boxes, indices)
+        return LazyImages(self.paths, self.size, self.boxes, indices, self.decoder, self.device)
 
     def resized(self, size: int) -> LazyImages:
         """The same images decoded at another size."""
-        return LazyImages(self.paths, size, self.boxes, self.indices)
+        return LazyImages(self.paths, size, self.boxes, self.indices, self.decoder, self.device)
+
+    def decoded_by(self, decoder: str, device: str | torch.device = "cpu") -> LazyImages:
+        """The same images decoded by "pil" or by "torch" on `device`."""
+        return LazyImages(self.paths, self.size, self.boxes, self.indices, decoder, str(device))
+
+    def read(self) -> Encoded:
+        """The view's files read but not decoded, for the torch decoder on self.device."""
+        from harness.data.torch_decode import read
+
+        boxes = [None if self.boxes is None else self.boxes[i] for i in self.indices]
+        return read([str(self.paths[i]) for i in self.indices], boxes, self.size, self.device)
 
     def path(self, i: int) -> str:
         return str(self.paths[int(self.indices[i])])
 
-    def load(self) -> torch.Tensor:
-        """Decode every image of this view: uint8 [B, 3, S, S] on the CPU."""
-        out = np.empty((len(self), 3, self.size, self.size), dtype=np.uint8)
+    def load(self) -> torch.Tensor | list[torch.Tensor]:
+        """Decode every image of this view: uint8 [B, 3, S, S] (size 0: a list of
+        [3, H, W], each at its own size). The torch decoder returns them on its device."""
+        if self.decoder == "torch":
+            return self.read().decode()
+        out: list[np.ndarray | None] = [None] * len(self)
 
         def one(pos: int) -> None:
             i = int(self.indices[pos])
@@ -148,11 +183,21 @@ class LazyImages:
         else:
             for _ in _pool().map(one, range(len(self))):  # re-raises the first error
                 pass
-        return torch.from_numpy(out)
+        if not self.size:
+            return [torch.from_numpy(np.ascontiguousarray(a)) for a in out]
+        if not out:
+            return torch.empty((0, 3, self.size, self.size), dtype=torch.uint8)
+        return torch.from_numpy(np.stack(out))
 
     def to(self, *args: object, **kwargs: object) -> torch.Tensor:
         """Decode, then Tensor.to(...): what the training loop calls on every batch."""
-        return self.load().to(*args, **kwargs)
+        return self._batch().to(*args, **kwargs)
+
+    def _batch(self) -> torch.Tensor:
+        if not self.size:
+            raise HarnessError("images loaded at their original sizes (augmentation load: "
+                               "original) need a pipeline that resizes them; this one has none")  # fmt: skip
+        return self.load()  # type: ignore[return-value]
 
     def float(self) -> torch.Tensor:
-        return self.load().float()
+        return self._batch().float()

@@ -318,13 +318,17 @@ def _distance_metrics(
 def _top_k_backend(
     split: Split, ks: list[int], names: set[str], scorer: Scorer | None, knn_backend: str
 ) -> str:
-    """ "faiss" when asked for, or on "auto" for large galleries without map or a scorer."""
+    """ "faiss" when asked for, or on "auto" for large galleries without map or a scorer; on
+    CUDA, "auto" takes faiss only where faiss reaches the GPU (faiss-gpu), else torch ranks
+    on the GPU (chunked), which beats copying the embeddings to faiss on the CPU."""
     depth_needed = bool(ks) or bool(names & {"precision@1", "r_precision", "map@r"})
+    on_gpu = split.q_emb.device.type == "cuda"
     use_faiss = depth_needed and (
         knn_backend == "faiss"
         or (
             knn_backend == "auto"
             and topk.faiss is not None
+            and (not on_gpu or topk.faiss_gpus() > 0)
             and scorer is None
             and "map" not in names
             and len(split.g_ids) > FAISS_AUTO_MIN_GALLERY

@@ -80,13 +80,35 @@ def stable_topk(keys: torch.Tensor, m: int) -> torch.Tensor:
     return index
 
 
+# faiss's GPU flat index returns at most this many neighbours per query
+FAISS_GPU_MAX_K = 2048
+_GPU_RESOURCES: list = []
+
+
+def faiss_gpus() -> int:
+    """GPUs faiss can use: 0 without faiss or with the CPU build (faiss-cpu)."""
+    get = getattr(faiss, "get_num_gpus", None)
+    return int(get()) if get is not None else 0
+
+
+def _flat_index(dim: int, on_gpu: bool, m: int) -> object:
+    """IndexFlatL2, on the GPU (faiss-gpu, from the `gpu` extra) when the embeddings are
+    there and faiss can reach it, else on the CPU."""
+    if on_gpu and m <= FAISS_GPU_MAX_K and faiss_gpus() > 0:
+        if not _GPU_RESOURCES:  # one set of scratch buffers for the process
+            _GPU_RESOURCES.append(faiss.StandardGpuResources())
+        return faiss.GpuIndexFlatL2(_GPU_RESOURCES[0], dim)
+    return faiss.IndexFlatL2(dim)
+
+
 def faiss_topk(
     q_emb: torch.Tensor, g_emb: torch.Tensor, active: torch.Tensor, m: int
 ) -> torch.Tensor:
-    """[len(active), m] neighbour indices from faiss IndexFlatL2, re-sorted by (distance, index)."""
+    """[len(active), m] neighbour indices from faiss IndexFlatL2 (its GPU index for CUDA
+    embeddings when faiss has GPUs), re-sorted by (distance, index)."""
     g32 = np.ascontiguousarray(g_emb.detach().cpu().numpy(), dtype=np.float32)
     q32 = np.ascontiguousarray(q_emb[active].detach().cpu().numpy(), dtype=np.float32)
-    index = faiss.IndexFlatL2(g32.shape[1])
+    index = _flat_index(g32.shape[1], q_emb.device.type == "cuda", m)
     index.add(g32)
     dist, idx = index.search(q32, m)
     order = np.lexsort((idx, dist), axis=1)

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torchvision.transforms.v2
 import torchvision.transforms.v2.functional as TF
 import yaml
 from tiny_training import crash_after_epoch_2, fresh_contrastive
@@ -109,6 +110,21 @@ def _protocol_with(augmentation: dict) -> dict:
         ({"train": [{"op": "center_crop", "size": 18}]}, "center_crop to 18 px from images of 16"),
         ({"train": [{"op": "random_resized_crop", "size": 16, "scale": [0.5, 2]}]}, "scale must"),
         ({"trian": []}, "unknown key 'trian'"),
+        ({"load": "orignal"}, "load must be square or original"),
+        ({"load": "original", "load_size": 20}, "drop it with load: original"),
+        (
+            {"load": "original", "train": [{"op": "center_crop", "size": 16}]},
+            r"train\[0\]: center_crop of images of unknown size",
+        ),
+        ({"load": "original", "train": [{"op": "horizontal_flip"}]}, "original sizes"),
+        (
+            {
+                "load": "original",
+                "train": [{"op": "random_resized_crop", "size": 16}],
+                "test": [{"op": "resize_shorter", "size": 16}],
+            },
+            r"test ends at 16 px \(shorter side\)",
+        ),
     ],
 )
 def test_the_augmentation_section_is_strict(augmentation, message):
@@ -124,6 +140,59 @@ def test_augmentation_is_in_the_hash_and_absent_from_older_protocols():
     augmented = parse_protocol(data, "p.yaml")
     assert augmented.hash != plain.hash and augmented.load_size == 20
     assert augmented.content()["augmentation"]["train"] == [{"op": "random_crop", "size": 16}]
+
+
+def test_resize_shorter_is_torchvisions_resize_of_the_shorter_side():
+    """6 x 8 to a shorter side of 4: the longer side is int(4 * 8 / 6) = 5, aspect kept."""
+    out = apply_op(IMAGE, op("resize_shorter", size=4))
+    assert out.shape == (3, 4, 5)
+    assert torch.equal(out, torchvision.transforms.v2.Resize(4, antialias=True)(IMAGE))
+    bicubic = apply_op(IMAGE, op("resize_shorter", size=4, interpolation="bicubic"))
+    resize = torchvision.transforms.v2.Resize(4, TF.InterpolationMode.BICUBIC, antialias=True)
+    assert torch.equal(bicubic, resize(IMAGE))
+    assert "interpolation" not in op("resize", size=4).content()  # older protocols' hashes
+    assert op("resize", size=4, interpolation="bicubic").content()["interpolation"] == "bicubic"
+    square = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    assert apply_op(square, op("resize_shorter", size=4)).shape == (3, 4, 4)
+
+
+def test_original_loading_is_in_the_hash_only_when_chosen():
+    square = {"load_size": 20, "train": [{"op": "random_crop", "size": 16}],
+              "test": [{"op": "center_crop", "size": 16}]}  # fmt: skip
+    assert "load" not in parse_protocol(_protocol_with(square), "p.yaml").content()["augmentation"]
+    original = {"load": "original",
+                "train": [{"op": "random_resized_crop", "size": 16}, {"op": "horizontal_flip"}],
+                "test": [{"op": "resize_shorter", "size": 18}, {"op": "center_crop", "size": 16}]}  # fmt: skip
+    protocol = parse_protocol(_protocol_with(original), "p.yaml")
+    assert protocol.content()["augmentation"]["load"] == "original" and protocol.load_size == 0
+
+
+def test_images_at_their_own_sizes_are_cropped_one_by_one(tmp_path):
+    """load: original on JPEGs: the loader keeps each image's size and aspect (its bounding
+    box when given), training crops each to the input size, the test view resizes the shorter
+    side and takes the center."""
+    from PIL import Image
+
+    from harness.data.lazy import LazyImages
+
+    sizes = [(50, 30), (40, 64)]  # (width, height)
+    paths = []
+    for n, (w, h) in enumerate(sizes):
+        paths.append(str(tmp_path / f"{n}.png"))
+        pixels = np.random.default_rng(n).integers(0, 255, (h, w, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(paths[-1])
+    boxes = np.array([[np.nan] * 4, [10, 20, 30, 60]])
+    images = LazyImages(paths, 32, boxes).resized(0)
+    loaded = images.load()
+    assert [tuple(x.shape) for x in loaded] == [(3, 30, 50), (3, 40, 20)]
+    assert torch.equal(loaded[0], torch.from_numpy(np.array(Image.open(paths[0]))).permute(2, 0, 1))
+    with pytest.raises(HarnessError, match="need a pipeline that resizes them"):
+        images.to(CPU)
+    pipeline = TrainPipeline([op("random_resized_crop", size=16), op("horizontal_flip")], 0)
+    assert pipeline(loaded, 3, [0, 1]).shape == (2, 3, 16, 16)
+    view = EvalView(images, [op("resize_shorter", size=18), op("center_crop", size=16)], 16)
+    expected = TF.center_crop(TF.resize(loaded[1], [18], antialias=True), [16, 16])
+    assert torch.equal(view[1:].to(CPU)[0], expected)
 
 
 def test_the_test_view_is_the_images_through_the_test_pipeline():

@@ -40,12 +40,18 @@ def test_the_issue_protocols_are_shipped():
             assert (p.backbone.name, p.embedding_dim, p.sampler.batch_size, p.seeds) == (
                 "resnet50", 128, 112, [0, 1, 2]) and p.backbone.frozen_batchnorm  # fmt: skip
             assert p.split.validation_fraction > 0
-            # the standard pipeline: random resized crop + flip, center crop at test (v3)
+            # torchvision's standard pipeline (v4): random resized crop + flip from the
+            # original image; the shorter side resized to 256 and the center crop at test
             assert [o.op for o in p.augmentation.train] == [
                 "random_resized_crop",
                 "horizontal_flip",
             ]
-            assert [o.op for o in p.augmentation.test] == ["center_crop"] and p.version >= 3
+            assert [(o.op, o.size) for o in p.augmentation.test] == [
+                ("resize_shorter", 256),
+                ("center_crop", 224),
+            ]
+            assert p.augmentation.load == "original" and p.version >= 4
+            assert p.backbone.channels_last  # the fast layout of CNNs on CUDA
 
 
 def test_the_modern_protocols_are_the_two_modern_settings():
@@ -60,6 +66,8 @@ def test_the_modern_protocols_are_the_two_modern_settings():
         )
         for p in (r50, vit):
             assert p.precision == "bf16" and p.augmentation.train[0].op == "random_resized_crop"
+            assert p.augmentation.load == "original"  # crops from the original image (v2)
+        assert vit.augmentation.train[0].interpolation == "bicubic"  # as the authors' code
         assert vit.paper.reference == "hyp_vit_cvpr2022"
         assert r50.paper.reference == ("" if data == "sop" else "proxy_anchor_cvpr2020")
     for name in PAPER_PROTOCOLS:
@@ -97,12 +105,13 @@ def _cpu_copy(name: str, folder: Path, pretrained: str = "none") -> Path:
     data["backbone"].update(input_size=32, pretrained=pretrained)
     if data["backbone"]["name"] == "timm":  # a ViT at 32 px: its position embedding too
         data["backbone"]["params"]["img_size"] = 32
-    if "augmentation" in data:  # the fair protocols' 256 -> 224 px pipeline, at 36 -> 32 px
+    if "augmentation" in data:  # the 256 -> 224 px pipelines, at 36 -> 32 px
         aug = data["augmentation"]
-        aug["load_size"] = 36
+        if aug.get("load") != "original":
+            aug["load_size"] = 36
         for op in aug["train"] + aug["test"]:
             if "size" in op:
-                op["size"] = 32
+                op["size"] = 36 if op["op"] == "resize_shorter" and op["size"] > 224 else 32
     data["sampler"] = {"classes_per_batch": 2, "images_per_class": 2}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))

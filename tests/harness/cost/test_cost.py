@@ -293,3 +293,42 @@ def test_a_method_without_a_miner_says_what_its_loss_scores_instead():
     assert notes["contrastive"] is None
     assert {e["method"]: e["family"] for e in record["methods"]} == {
         "proxy_anchor": "proxies", "contrastive": "pairs"}  # fmt: skip
+
+
+def test_the_bare_loop_trains_as_the_harness_does_in_bf16_on_augmented_batches(tmp_path: Path):
+    """The overhead's reference: batches prepared once up front (the augmented images the
+    harness's pipeline makes for the same steps), the model under autocast in the protocol's
+    precision; three steps of each give the same weights, bit for bit, on the CPU."""
+    import copy
+    import dataclasses
+
+    from tiny_training import fresh_contrastive
+
+    from harness.augment import AugmentationSpec, OpSpec
+    from harness.cost.overhead import _bare_loop, _Loops
+    from harness.runner import prepare_data
+    from harness.train import train
+
+    spec = AugmentationSpec(
+        load_size=20,
+        train=[OpSpec("random_crop", size=16), OpSpec("horizontal_flip")],
+        test=[OpSpec("center_crop", size=16)],
+    )
+    protocol = dataclasses.replace(load_protocol("smoke"), augmentation=spec, precision="bf16")
+    backbone, method = fresh_contrastive(protocol)
+    cpu = torch.device("cpu")
+    loops = _Loops(backbone, method, prepare_data(protocol, None), protocol, cpu, 0,
+                   tmp_path / "c.pt")  # fmt: skip
+    assert len(loops.staged) == loops.steps and loops.staged[0].shape == (16, 1, 16, 16)
+    bare_bb, bare_m = copy.deepcopy(backbone), copy.deepcopy(method)
+    _bare_loop(bare_bb, bare_m, loops.staged, loops.labels_t, loops.coarse_t, loops.batches[:3],
+               protocol, cpu)  # fmt: skip
+    train(backbone, method, loops.images, loops.labels, loops.coarse, protocol, 0, cpu,
+          max_steps=3, progress=False, workers=0)  # fmt: skip
+    ours, bare = backbone.state_dict(), bare_bb.state_dict()
+    assert all(torch.equal(ours[k], bare[k]) for k in ours)
+    fp32 = dataclasses.replace(protocol, precision="fp32")
+    fp32_bb, fp32_m = fresh_contrastive(fp32)
+    _bare_loop(fp32_bb, fp32_m, loops.staged, loops.labels_t, loops.coarse_t, loops.batches[:3],
+               fp32, cpu)  # fmt: skip
+    assert not all(torch.equal(fp32_bb.state_dict()[k], bare[k]) for k in bare)  # autocast acts

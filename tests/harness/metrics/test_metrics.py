@@ -261,6 +261,29 @@ def test_auto_uses_faiss_only_for_large_galleries_without_map_or_scorer(monkeypa
     assert compute_report(x, y, metrics=top_k, scorer=scorer).knn_backend == "torch"
 
 
+@needs_faiss
+def test_auto_on_cuda_takes_faiss_only_where_faiss_reaches_the_gpu(monkeypatch):
+    """CUDA embeddings of a large gallery: faiss-gpu when faiss has GPUs, else torch ranks on
+    the GPU (never a copy to faiss on the CPU); CPU embeddings keep faiss."""
+    from types import SimpleNamespace
+
+    from harness.metrics import topk
+
+    def split_on(device: str) -> SimpleNamespace:
+        emb = SimpleNamespace(device=torch.device(device))
+        return SimpleNamespace(q_emb=emb, g_ids=range(metrics_report.FAISS_AUTO_MIN_GALLERY + 1))
+
+    choose = metrics_report._top_k_backend
+    assert topk.faiss_gpus() == 0  # faiss-cpu here
+    assert choose(split_on("cuda"), [1], {"recall@K"}, None, "auto") == "torch"
+    assert choose(split_on("cpu"), [1], {"recall@K"}, None, "auto") == "faiss"
+    monkeypatch.setattr(topk, "faiss_gpus", lambda: 1)
+    assert choose(split_on("cuda"), [1], {"recall@K"}, None, "auto") == "faiss"
+    monkeypatch.undo()
+    index = topk._flat_index(8, on_gpu=True, m=10)  # no faiss GPU: the CPU index
+    assert type(index).__name__ == "IndexFlatL2"
+
+
 def test_scorer_equal_to_negative_squared_distance_matches_default():
     x, y = _blobs()
     calls = []

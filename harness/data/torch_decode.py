@@ -1,0 +1,111 @@
+"""Decoding image files with torchvision's decoder on the run's device (`run --decoder
+torch`): nvJPEG on CUDA, libjpeg-turbo on the CPU.
+
+With PIL (the default decoder) the data workers decode and augment whole batches, and a GPU
+waits when the CPU cores cannot keep up. With `torch`, the workers only read the files'
+bytes (an `Encoded` batch); the training process decodes the batch in one call on its
+device, crops the bounding boxes, resizes and augments there. On the CPU the decoded pixels
+equal PIL's (both libjpeg-turbo; tested); the resize is torch's antialiased bilinear, which
+differs from PIL's by rounding. torchvision marks its decoders deprecated in favour of
+TorchCodec (0.29); they are what the pinned versions have, so they are used until the lock
+moves.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.errors import HarnessError
+
+JPEG = b"\xff\xd8"
+
+
+@dataclass
+class Encoded:
+    """A batch of image files as read from disk, to be decoded on `device`: what the data
+    workers hand to the training process when it decodes."""
+
+    data: list[torch.Tensor]  # each file's bytes, uint8 [n]
+    boxes: list[np.ndarray | None]  # crop box per image (left, top, right, bottom) or None
+    paths: list[str]
+    size: int  # side of the square to resize to; 0: each image at its own size
+    device: str
+
+    def decode(self) -> torch.Tensor | list[torch.Tensor]:
+        """uint8 [B, 3, S, S] on the device (size 0: a list of [3, H, W])."""
+        images = _decode_all(self.data, self.paths, torch.device(self.device))
+        out = [_crop_resize(x, box, self.size) for x, box in zip(images, self.boxes, strict=True)]
+        if not self.size:
+            return out
+        if not out:
+            return torch.empty((0, 3, self.size, self.size), dtype=torch.uint8)
+        return torch.stack(out)
+
+
+def read(paths: list[str], boxes: list[np.ndarray | None], size: int, device: str) -> Encoded:
+    """The files' bytes, read (not decoded); a missing file is a HarnessError naming it."""
+    data = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data.append(torch.frombuffer(bytearray(f.read()), dtype=torch.uint8))
+        except FileNotFoundError:
+            raise HarnessError(f"image {path} is missing; check the dataset with `python -m "
+                               "harness data verify`") from None  # fmt: skip
+    return Encoded(data, boxes, list(paths), int(size), str(device))
+
+
+def _decode_all(data: list[torch.Tensor], paths: list[str], device: torch.device) -> list:
+    """Every file as RGB uint8 [3, H, W] on `device`: the JPEGs in one batched call, other
+    formats (PNG, ...) one by one on the CPU."""
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    out: list[Any] = [None] * len(data)
+    jpeg = [i for i, b in enumerate(data) if bytes(b[:2].tolist()) == JPEG]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
+        try:
+            if jpeg:
+                decoded = decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB,
+                                      device=device)  # fmt: skip
+                for i, x in zip(jpeg, decoded, strict=True):
+                    out[i] = x
+            for i in (i for i in range(len(data)) if out[i] is None):
+                out[i] = decode_image(data[i], mode=ImageReadMode.RGB).to(device)
+        except RuntimeError as exc:
+            _raise_for_bad_file(data, paths, exc)
+    return out
+
+
+def _raise_for_bad_file(data: list[torch.Tensor], paths: list[str], exc: Exception) -> None:
+    """Find the file the batch failed on (decoding it alone) and name it."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    for b, path in zip(data, paths, strict=True):
+        try:
+            decode_image(b, mode=ImageReadMode.RGB)
+        except RuntimeError as one:
+            raise HarnessError(f"cannot decode image {path} ({one}); the file is corrupt or "
+                               "truncated: replace it from the official archive") from None  # fmt: skip
+    raise HarnessError(f"decoding a batch failed ({exc}); run with --decoder pil") from None
+
+
+def _crop_resize(image: torch.Tensor, box: np.ndarray | None, size: int) -> torch.Tensor:
+    """The bounding box crop (the same pixel edges as the PIL decoder's), then
+    the antialiased bilinear resize to size x size (size 0: none)."""
+    import torchvision.transforms.v2.functional as TF
+
+    from harness.data.lazy import box_edges
+
+    edges = box_edges(box, image.shape[-1], image.shape[-2])
+    if edges is not None:
+        left, top, right, bottom = edges
+        image = image[:, top:bottom, left:right]
+    if size:
+        image = TF.resize(image, [size, size], antialias=True)
+    return image.contiguous()
