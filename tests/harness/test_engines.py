@@ -65,8 +65,11 @@ def _kill_first_task_worker(stop: threading.Event, killed: list[int]) -> None:
             except OSError:
                 continue
             if title.startswith("ray::run_task") and int(pid) != os.getpid():
-                time.sleep(3)  # let it get into training
-                os.kill(int(pid), signal.SIGKILL)
+                time.sleep(0.5)  # let it start (a 3 s wait let fast machines finish the run)
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:  # it finished first: watch for the next task
+                    continue
                 killed.append(int(pid))
                 return
         time.sleep(0.2)
