@@ -76,17 +76,14 @@ def measure_pipeline(
     from harness.augment import TrainPipeline
     from harness.pipeline import Feeder
     from harness.results import environment
-    from harness.runner import contiguous, prepare_data
+    from harness.runner import contiguous, decoded_by, prepare_data
     from harness.sampler import PKSampler
 
     started = time.perf_counter()
     prepared = prepare_data(protocol, data_root)
     data, split = prepared.data, prepared.split
     if decoder != "pil":
-        if not hasattr(data.images, "decoded_by"):
-            raise HarnessError(f"--decoder {decoder} decodes image files: {protocol.dataset.name} "
-                               "is held in memory")  # fmt: skip
-        data = dataclasses.replace(data, images=data.images.decoded_by(decoder, device))
+        data = decoded_by(data, decoder, device, protocol)
         prepared = dataclasses.replace(prepared, data=data)
     images, seed = data.images[split.train], protocol.seeds[0]
     augment = (

@@ -170,7 +170,12 @@ class LazyImages:
         [3, H, W], each at its own size). The torch decoder returns them on its device."""
         if self.decoder == "torch":
             return self.read().decode()
-        out: list[np.ndarray | None] = [None] * len(self)
+        # at a fixed size each image is decoded straight into the batch; at size 0 into a list
+        out: np.ndarray | list = (
+            np.empty((len(self), 3, self.size, self.size), dtype=np.uint8)
+            if self.size
+            else [None] * len(self)
+        )
 
         def one(pos: int) -> None:
             i = int(self.indices[pos])
@@ -185,9 +190,7 @@ class LazyImages:
                 pass
         if not self.size:
             return [torch.from_numpy(np.ascontiguousarray(a)) for a in out]
-        if not out:
-            return torch.empty((0, 3, self.size, self.size), dtype=torch.uint8)
-        return torch.from_numpy(np.stack(out))
+        return torch.from_numpy(out)
 
     def to(self, *args: object, **kwargs: object) -> torch.Tensor:
         """Decode, then Tensor.to(...): what the training loop calls on every batch."""
