@@ -29,7 +29,12 @@ from harness.cost.scaling import (
     measure_scaling,
     parse_batch_sizes,
 )
-from harness.cost.throughput import DEFAULT_STEPS, WARMUP_STEPS, measure_throughput
+from harness.cost.throughput import (
+    DEFAULT_STEPS,
+    WARMUP_STEPS,
+    measure_throughput,
+    random_init,
+)
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:
@@ -179,11 +184,7 @@ def measure_cost(
     sizes = parse_batch_sizes(batch_sizes, protocol.sampler.images_per_class)
     k = protocol.sampler.images_per_class
     started = time.perf_counter()
-    # timing only: pretrained weights change no cost and may not be on the machine
-    timed = dataclasses.replace(
-        protocol,
-        backbone=dataclasses.replace(protocol.backbone, pretrained="none", weights_file=""),
-    )
+    timed = random_init(protocol)
     pretrained = protocol.backbone.pretrained != "none" or bool(protocol.backbone.weights_file)
     setup = _setup(timed, prepare_data(protocol, data_root), list(names), max(sizes) // k,
                    device)  # fmt: skip

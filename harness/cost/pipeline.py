@@ -134,15 +134,14 @@ def _data_wait(
     their time spent waiting for data."""
     import numpy as np
 
-    from harness.cost.throughput import measure_throughput
+    from harness.cost.throughput import measure_throughput, random_init
     from harness.method import protocol_hyperparameters
     from harness.model import build_model
     from harness.pipeline import Feeder
     from harness.runner import contiguous
 
     data, split = prepared.data, prepared.split
-    random_init = dataclasses.replace(protocol.backbone, pretrained="none", weights_file="")
-    timed = dataclasses.replace(protocol, backbone=random_init)
+    timed = random_init(protocol)
     labels = contiguous(data.labels[split.train])
     model = build_model(timed, method, protocol_hyperparameters(timed, method),
                         protocol.seeds[0], device, in_channels=data.images.shape[1],

@@ -22,6 +22,15 @@ DEFAULT_STEPS = 24  # measured training steps per method, after WARMUP_STEPS
 WARMUP_STEPS = 4
 
 
+def random_init(protocol: Protocol) -> Protocol:
+    """The protocol with a randomly initialised backbone: what the cost commands time
+    (weights change no cost, and pretrained ones may not be on the machine)."""
+    import dataclasses
+
+    backbone = dataclasses.replace(protocol.backbone, pretrained="none", weights_file="")
+    return dataclasses.replace(protocol, backbone=backbone)
+
+
 def measure_throughput(
     backbone: torch.nn.Module,
     method: Method,
