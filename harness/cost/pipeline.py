@@ -5,7 +5,8 @@ The batches are the protocol's own (its P x K sampler over the training classes,
 size and train augmentation), prepared by `harness.pipeline.Feeder` exactly as in a run. The
 first WARMUP_BATCHES of each count are not timed (worker start-up); then each count is timed
 ROUNDS times, alternated with the others, and its fastest round is reported (all rounds are
-recorded): a shared machine's slow spells then do not decide the comparison. The data-wait share
+recorded): a shared machine's slow spells then do not decide the comparison. Each row's
+`speedup` is its images/s over the first (smallest) count's, both from this one run. The data-wait share
 trains the protocol's backbone for `steps` steps fed by the largest worker count, with one
 method (--methods NAME, else the first registered method that trains and needs no coarse
 labels: the backbone's step dominates, so the method hardly matters);
@@ -27,7 +28,7 @@ from harness.errors import HarnessError
 
 WARMUP_BATCHES = 4
 DEFAULT_BATCHES = 24
-ROUNDS = 3  # each count is timed this many times, alternated with the others; the best counts
+ROUNDS = 5  # each count is timed this many times, alternated with the others; the best counts
 
 
 def default_counts() -> list[int]:
@@ -107,7 +108,9 @@ def measure_pipeline(
     finally:
         for feeder in feeders.values():
             feeder.close()
-    rows = [{"workers": w, "images_per_second": max(r), "rounds": r} for w, r in rates.items()]
+    first = max(rates[counts[0]])
+    rows = [{"workers": w, "images_per_second": max(r), "speedup": round(max(r) / first, 2),
+             "rounds": r} for w, r in rates.items()]  # fmt: skip
     record: dict[str, Any] = {
         "kind": "cost_pipeline",
         "protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash},

@@ -10,6 +10,7 @@ import yaml
 from jpeg_tree import cub_jpegs
 
 from harness.cli import main
+from harness.cost.pipeline import ROUNDS
 
 PROTOCOL = {
     "schema": 1, "name": "cub_pipeline", "version": 1, "description": "pipeline test",
@@ -38,7 +39,10 @@ def test_cost_pipeline_reports_images_per_second_per_worker_count(tmp_path, caps
     record = json.loads(capsys.readouterr().out)
     assert [row["workers"] for row in record["pipeline"]] == [0, 1]
     for row in record["pipeline"]:
-        assert row["images_per_second"] == max(row["rounds"]) > 0 and len(row["rounds"]) == 3
+        assert row["images_per_second"] == max(row["rounds"]) > 0 and len(row["rounds"]) == ROUNDS
+    slow, fast = record["pipeline"]
+    assert slow["speedup"] == 1.0
+    assert fast["speedup"] == round(fast["images_per_second"] / slow["images_per_second"], 2)
     assert 0 <= record["data_wait_share"] < 1
     assert record["training"]["workers"] == 1 and "random" in record["training"]["backbone_weights"]
     assert (record["load_size"], record["input_size"]) == (256, 224)
