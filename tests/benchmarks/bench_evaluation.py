@@ -7,6 +7,10 @@ of each ratio is reported. Nothing is asserted about wall-clock time.
     PYTHONPATH=. python tests/benchmarks/bench_evaluation.py            # 20,000 x 128, 500 classes
     PYTHONPATH=. python tests/benchmarks/bench_evaluation.py --n 5000 --repeats 5
     PYTHONPATH=. python tests/benchmarks/bench_evaluation.py --old /path/to/old_metrics.py
+    PYTHONPATH=. python tests/benchmarks/bench_evaluation.py --n 60000 --dim 512 --device cuda
+
+``--device cuda`` evaluates on the GPU (SOP's size above); the reference stays faiss's CPU
+flat search, so the ratio then says how much faster the GPU evaluation is than that search.
 
 ``--old`` times a saved copy of an earlier ``harness/metrics.py`` in the same process (the
 "before" numbers of a rewrite).
@@ -64,6 +68,8 @@ def _load(path: str) -> ModuleType:
 def _seconds(work: Callable[[], object]) -> float:
     start = time.perf_counter()
     work()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -75,15 +81,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--old", help="a saved copy of an earlier harness/metrics.py to time too")
     parser.add_argument("--only", help="comma-separated subset of the timed rows")
+    parser.add_argument("--device", default="cpu", help="where the evaluation runs (cpu, cuda)")
     args = parser.parse_args(argv)
     if faiss is None:
         print("faiss is not installed: nothing to compare with")
         return 1
     x, y = embeddings(args.n, args.dim, args.classes)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    dev = args.device
+    xt, yt = torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)
     rows: dict[str, Callable[[], object]] = {
-        "all default metrics": lambda: compute_metrics(x, y),
-        "top-K metrics (exact)": lambda: compute_metrics(x, y, metrics=TOP_K, knn_backend="torch"),
+        "all default metrics": lambda: compute_metrics(x, y, device=dev),
+        "top-K metrics (exact)": lambda: compute_metrics(
+            x, y, metrics=TOP_K, knn_backend="torch", device=dev
+        ),
         "distance histogram": lambda: distance_histogram(xt, yt),
     }
     if args.old:
@@ -107,7 +117,7 @@ def main(argv: list[str]) -> int:
             times[name].append(ours)
             ratios[name].append(ours / base)
     print(
-        f"{args.n} x {args.dim}, {args.classes} classes, {torch.get_num_threads()} threads,"
+        f"{args.n} x {args.dim}, {args.classes} classes, on {dev}, {torch.get_num_threads()} threads,"
         f" {args.repeats} repeats (medians; each ratio against the faiss search just before it)"
     )
     print(f"  {'faiss flat self-search':<28} {statistics.median(reference):7.2f} s")
