@@ -12,6 +12,8 @@ not depend on the number of workers. With the torch decoder (`run --decoder torc
 workers only read the files, and the training process decodes and augments each batch on
 its device (harness.data.torch_decode), inside the timed wait. The seconds the step waits
 for its batch are counted (`wait`): the data-wait share of training that results record.
+The first wait with workers, their start-up (spawning them, importing torch), is also kept
+(`startup`, in results `data_startup_seconds`): a short timed window can subtract it.
 """
 
 from __future__ import annotations
@@ -129,7 +131,9 @@ class Feeder:
         self.dataset = _Batches(images, augment, dist)
         self.workers = int(workers)
         self.wait = 0.0  # seconds the caller waited for batches
+        self.startup: float = 0.0  # of which, the first batch from the workers: their start-up
         self.loader: torch.utils.data.DataLoader | None = None
+        self.started = False
         self.keys = _Keys()
         if self.workers > 0:
             self.loader = torch.utils.data.DataLoader(
@@ -155,7 +159,10 @@ class Feeder:
             except StopIteration:
                 return
             finally:
-                self.wait += time.perf_counter() - begin
+                waited = time.perf_counter() - begin
+                self.wait += waited
+                if self.loader is not None and not self.started:
+                    self.started, self.startup = True, waited
             yield item
 
     def close(self) -> None:

@@ -71,6 +71,8 @@ class TrainStats:
     validation_seconds: float = 0.0  # not part of train_seconds
     best_epoch: int = 0  # 1-based; 0 = no selection, the last weights are kept
     data_wait_seconds: float = 0.0  # the step waiting for its batch (part of train_seconds)
+    # the wait for the first batch from worker processes: their start-up (part of the wait)
+    data_startup_seconds: float = 0.0
     data_workers: int = 0  # processes that prepared the batches (0: the training process)
     decoder: str | None = None  # who decoded image files: "pil" or "torch"; None: in memory
     compiled: bool = False  # the backbone ran through torch.compile (run --compile)
@@ -90,6 +92,7 @@ class TrainStats:
             "loss_seconds": round(self.loss_seconds, 4),
             "data_wait_seconds": round(self.data_wait_seconds, 4),
             "data_wait_share": round(self.data_wait_seconds / seconds, 4),
+            "data_startup_seconds": round(self.data_startup_seconds, 4),
             "data_workers": self.data_workers,
             "decoder": self.decoder,
             "compiled": self.compiled,
@@ -235,6 +238,7 @@ class _Session:
     ) -> None:  # fmt: skip
         self.state, self.step, self.protocol, self.total = state, step, protocol, total
         self.feeder, self.wait_before = feeder, state.stats.data_wait_seconds
+        self.startup_before = state.stats.data_startup_seconds
         self.per_epoch = state.sampler.batches_per_epoch
         stats = state.stats
         self.timer = step.timer
@@ -305,6 +309,7 @@ class _Session:
         """Training seconds (validation excluded), phase seconds and epochs into the stats."""
         stats = self.state.stats
         stats.data_wait_seconds = self.wait_before + self.feeder.wait
+        stats.data_startup_seconds = self.startup_before + self.feeder.startup
         stats.train_seconds = self.elapsed + self.timer.now() - self.start - self.validation_seconds
         stats.mining_seconds = self.timer.seconds["mining"]
         stats.loss_seconds = self.timer.seconds["loss"]

@@ -153,6 +153,7 @@ class _Loops:
         data, split = prepared.data, prepared.split
         self.backbone, self.method, self.protocol, self.device = backbone, method, protocol, device
         self.seed, self.ckpt, self.timer = seed, ckpt, PhaseTimer(device)
+        self.startups: list[float] = []  # the harness rounds' worker start-up seconds
         self.images = data.images[split.train]
         self.labels = contiguous(data.labels[split.train])
         self.coarse = None if data.coarse_labels is None else data.coarse_labels[split.train]
@@ -200,12 +201,14 @@ class _Loops:
         bb, mt = copy.deepcopy(self.backbone), copy.deepcopy(self.method)
         start = self.timer.now()
         with _quiet():
-            train(bb, mt, self.images, self.labels, self.coarse, self.protocol, self.seed,
-                  self.device, max_steps=self.steps, progress=True, checkpoint=self.ckpt,
-                  identity="cost-overhead")  # fmt: skip
+            stats = train(bb, mt, self.images, self.labels, self.coarse, self.protocol,
+                          self.seed, self.device, max_steps=self.steps, progress=True,
+                          checkpoint=self.ckpt, identity="cost-overhead")  # fmt: skip
         seconds = self.timer.now() - start
         self.ckpt.unlink(missing_ok=True)  # else the next round would resume from it
-        return seconds
+        # worker processes start once per run, not once per window: not part of the steps
+        self.startups.append(stats.data_startup_seconds)
+        return seconds - stats.data_startup_seconds
 
     def alternate(self, a: Callable[[], float], b: Callable[[], float], rounds: int) -> dict:
         """Rounds alternate which loop goes first. The fastest round of each loop is the one
@@ -244,7 +247,9 @@ def measure_overhead(
     this seed, images already in memory) and the same method. The window is one epoch plus
     a step (so the harness saves its epoch-end checkpoint, as in a real run), at most
     OVERHEAD_MAX_STEPS. Rounds alternate which loop goes first; the ratio is the fastest
-    round of each (see `_Loops.alternate`). With `breakdown`, each piece of bookkeeping
+    round of each (see `_Loops.alternate`). The harness's data workers start once per run, so
+    their start-up (the first batch's wait) is taken out of its rounds and reported alone
+    (`worker_startup_seconds`); without workers it is 0. With `breakdown`, each piece of bookkeeping
     (OVERHEAD_PIECES) is added alone to the bare loop and timed against it the same way."""
     with tempfile.TemporaryDirectory(prefix="dml-cost-") as tmp:
         loops = _Loops(backbone, method, prepared, protocol, device, seed,
@@ -263,6 +268,7 @@ def measure_overhead(
             "ratio": main["ratio"],
             "median_round_ratio": main["median_round_ratio"],
             "target": OVERHEAD_TARGET,
+            "worker_startup_seconds": round(statistics.median(loops.startups), 3),
         }
         if breakdown:
             result["breakdown"] = _breakdown(loops, rounds)

@@ -121,6 +121,9 @@ def overhead_line(record: dict[str, Any]) -> str:
     )
     if o.get("median_round_ratio") is not None:
         text += f" Median of the per-round ratios: {o['median_round_ratio']:.3f}."
+    if o.get("worker_startup_seconds"):
+        text += (f" The data workers' start-up, once per run, is not in the harness's rounds: "
+                 f"{o['worker_startup_seconds']:.2f} s.")  # fmt: skip
     if o["steps"] < 20:
         text += (
             f" Only {o['steps']} steps (the protocol's budget): the harness's fixed setup per "

@@ -260,6 +260,8 @@ def test_training_fed_by_two_workers_equals_training_in_process(tmp_path):
         runs[workers] = (stats, backbone.state_dict())
         assert stats.data_workers == workers and stats.data_wait_seconds > 0
     (s0, w0), (s2, w2) = runs[0], runs[2]
+    # spawned workers import torch before their first batch: that wait is their start-up
+    assert s0.data_startup_seconds == 0 < s2.data_startup_seconds <= s2.data_wait_seconds
     assert s0.epoch_loss == s2.epoch_loss and all(torch.equal(w0[k], w2[k]) for k in w0)
     plain = dataclasses.replace(protocol, augmentation=AugmentationSpec())
     backbone, method = fresh_contrastive(plain)

@@ -65,7 +65,14 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
         f"bootstrap.{k}" for k in ("unit", "resamples", "seed", "confidence", "intervals")
     } | {"bootstrap"} | {
         f"timings.{k}"
-        for k in ("data_wait_seconds", "data_wait_share", "data_workers", "decoder", "compiled")
+        for k in (
+            "data_wait_seconds",
+            "data_wait_share",
+            "data_startup_seconds",
+            "data_workers",
+            "decoder",
+            "compiled",
+        )
     }  # the data pipeline's (issue 13)
     assert boot["resamples"] == 1000 and set(boot["intervals"]) == {
         m for m in record["metrics"] if m not in ("nmi", "f1", "lda")
