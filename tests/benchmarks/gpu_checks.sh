@@ -32,6 +32,7 @@ if [ "$DEVICE" = cpu ]; then  # the script's own check: tiny sizes, batches of 8
   PROTO=$WORK/fair_cub200_cpu.yaml
   $PY -c "import yaml; p = yaml.safe_load(open('protocols/fair_cub200.yaml'))
 p['name'], p['sampler'] = 'fair_cub200_cpu', {'classes_per_batch': 4, 'images_per_class': 2}
+p['budget'] = {'steps': 6}
 yaml.safe_dump(p, open('$PROTO', 'w'))"
 else
   CLASSES="100 20 30" WORKERS=4,8,16 PSTEPS=100 STEPS=100 LONG=300 N60K=60000 DIM=512
