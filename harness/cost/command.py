@@ -174,7 +174,8 @@ def _cost_pipeline(args: argparse.Namespace, protocol: Protocol) -> int:
         return 0
     for row in record["pipeline"]:
         print(f"{row['workers']} worker(s): {row['images_per_second']:.0f} images/s decoded and "
-              f"augmented, {row['speedup']:.2f}x the first count ({record['load_size'] or 'original'} -> {record['input_size']} px, "
+              f"augmented, {row['speedup']:.2f}x the first count "
+              f"({record['load_size'] or 'original'} -> {record['input_size']} px, "
               f"decoder {record['decoder']})")  # fmt: skip
     t = record["training"]
     print(f"data-wait share of a training step: {record['data_wait_share'] * 100:.1f}% "

@@ -249,8 +249,9 @@ def measure_overhead(
     OVERHEAD_MAX_STEPS. Rounds alternate which loop goes first; the ratio is the fastest
     round of each (see `_Loops.alternate`). The harness's data workers start once per run, so
     their start-up (the first batch's wait) is taken out of its rounds and reported alone
-    (`worker_startup_seconds`); without workers it is 0. With `breakdown`, each piece of bookkeeping
-    (OVERHEAD_PIECES) is added alone to the bare loop and timed against it the same way."""
+    (`worker_startup_seconds`; 0 without workers). With `breakdown`, each piece of
+    bookkeeping (OVERHEAD_PIECES) is added alone to the bare loop and timed against it the
+    same way."""
     with tempfile.TemporaryDirectory(prefix="dml-cost-") as tmp:
         loops = _Loops(backbone, method, prepared, protocol, device, seed,
                        Path(tmp) / "overhead.pt")  # fmt: skip

@@ -6,8 +6,8 @@ size and train augmentation), prepared by `harness.pipeline.Feeder` exactly as i
 first WARMUP_BATCHES of each count are not timed (worker start-up); then each count is timed
 ROUNDS times, alternated with the others, and its fastest round is reported (all rounds are
 recorded): a shared machine's slow spells then do not decide the comparison. Each row's
-`speedup` is its images/s over the first (smallest) count's, both from this one run. The data-wait share
-trains the protocol's backbone for `steps` steps fed by the largest worker count, with one
+`speedup` is its images/s over the first (smallest) count's, both from this one run. The
+data-wait share trains the protocol's backbone for `steps` steps fed by the largest worker count, with one
 method (--methods NAME, else the first registered method that trains and needs no coarse
 labels: the backbone's step dominates, so the method hardly matters);
 the backbone is randomly initialised (only timing matters here, and pretrained weights may

@@ -189,7 +189,7 @@ class LazyImages:
             for _ in _pool().map(one, range(len(self))):  # re-raises the first error
                 pass
         if not self.size:  # kept channels last in memory: torchvision's uint8 resize is
-            # 2-3x faster on that layout, with the same pixels (tests/harness/data/test_lazy.py)
+            # 2-3x faster on that layout, with the same pixels (tests/harness/test_augment.py)
             return [torch.from_numpy(a.copy(order="K")) for a in out]
         return torch.from_numpy(out)
 
