@@ -4,6 +4,7 @@ interrupts a run (to check that its resume is bit-identical)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import methods  # noqa: F401
@@ -17,6 +18,14 @@ def fresh_contrastive(protocol):
     backbone = build_backbone(protocol.backbone, 1)
     method = METHODS.get("contrastive").build(MethodContext(tuple(backbone.stage_dims), 16, 6))
     return backbone, method
+
+
+def tiny_images(size: int = 16) -> tuple[torch.Tensor, np.ndarray]:
+    """(images, labels): 48 random one-channel uint8 images of size x size (seed 0), 6
+    classes of 8, for those models."""
+    images = torch.randint(0, 255, (48, 1, size, size), generator=torch.Generator().manual_seed(0),
+                           dtype=torch.uint8)  # fmt: skip
+    return images, np.repeat(np.arange(6), 8)
 
 
 def crash_after_epoch_2(epoch: int) -> None:

@@ -12,7 +12,7 @@ import torch
 import torchvision.transforms.v2
 import torchvision.transforms.v2.functional as TF
 import yaml
-from tiny_training import crash_after_epoch_2, fresh_contrastive
+from tiny_training import crash_after_epoch_2, fresh_contrastive, tiny_images
 
 import methods  # noqa: F401
 from harness.augment import AugmentationSpec, EvalView, OpSpec, TrainPipeline, apply_op, generator
@@ -242,9 +242,7 @@ def _augmented_smoke(steps: int) -> tuple:
     )  # fmt: skip
     protocol = dataclasses.replace(protocol, augmentation=spec,
                                    budget=dataclasses.replace(protocol.budget, steps=steps))  # fmt: skip
-    images = torch.randint(0, 255, (48, 1, 20, 20), generator=torch.Generator().manual_seed(0),
-                           dtype=torch.uint8)  # fmt: skip
-    return protocol, images, np.repeat(np.arange(6), 8)
+    return protocol, *tiny_images(20)
 
 
 @pytest.mark.slow

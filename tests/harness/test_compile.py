@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from tiny_training import crash_after_epoch_2, fresh_contrastive
+from tiny_training import crash_after_epoch_2, fresh_contrastive, tiny_images
 
 import methods  # noqa: F401
 from harness.cli import main
@@ -59,7 +59,7 @@ def test_no_compiler_stops_train_before_any_step(monkeypatch):
     backbone, method = fresh_contrastive(protocol)
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
     with pytest.raises(HarnessError) as error:
-        train(backbone, method, *_images(), None, protocol, 0, CPU, progress=False, workers=0,
+        train(backbone, method, *tiny_images(), None, protocol, 0, CPU, progress=False, workers=0,
               compile=True)  # fmt: skip
     assert str(error.value) == NO_COMPILER
     assert all(torch.equal(before[k], v) for k, v in backbone.state_dict().items())
@@ -73,12 +73,6 @@ def test_cuda_without_triton_is_a_one_line_error(monkeypatch):
         check_compile(torch.device("cuda"))
 
 
-def _images():
-    images = torch.randint(0, 255, (48, 1, 16, 16), generator=torch.Generator().manual_seed(0),
-                           dtype=torch.uint8)  # fmt: skip
-    return images, np.repeat(np.arange(6), 8)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="inductor needs a C++ compiler")
 def test_a_compiled_run_trains_as_eager_within_rounding_and_resumes_eagerly(tmp_path):
@@ -86,7 +80,7 @@ def test_a_compiled_run_trains_as_eager_within_rounding_and_resumes_eagerly(tmp_
     compiled run writes holds the module's own keys, and an eager run resumes from it."""
     protocol = load_protocol("smoke")
     protocol = dataclasses.replace(protocol, budget=dataclasses.replace(protocol.budget, steps=9))
-    images, labels = _images()
+    images, labels = tiny_images()
     runs = {}
     for compile_ in (False, True):
         backbone, method = fresh_contrastive(protocol)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from jpeg_tree import cub_jpegs
-from tiny_training import fresh_contrastive
+from tiny_training import fresh_contrastive, tiny_images
 
 from harness.augment import OpSpec, TrainPipeline
 from harness.data.lazy import LazyImages
@@ -33,13 +33,7 @@ DEVICES = [
 def _smoke(steps: int, **changes):
     protocol = load_protocol("smoke")
     budget = dataclasses.replace(protocol.budget, steps=steps)
-    images = torch.randint(0, 255, (48, 1, 16, 16), generator=torch.Generator().manual_seed(0),
-                           dtype=torch.uint8)  # fmt: skip
-    return (
-        dataclasses.replace(protocol, budget=budget, **changes),
-        images,
-        np.repeat(np.arange(6), 8),
-    )
+    return (dataclasses.replace(protocol, budget=budget, **changes), *tiny_images())
 
 
 def _trained(protocol, images, labels, device, **kwargs):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from tiny_training import crash_after_epoch_2, fresh_contrastive
+from tiny_training import crash_after_epoch_2, fresh_contrastive, tiny_images
 
 import methods  # noqa: F401
 from harness.cli import main
@@ -26,9 +26,7 @@ def _setup(precision: str, steps: int = 6):
     protocol = load_protocol("smoke")
     protocol = dataclasses.replace(protocol, precision=precision,
                                    budget=dataclasses.replace(protocol.budget, steps=steps))  # fmt: skip
-    images = torch.randint(0, 255, (48, 1, 16, 16), generator=torch.Generator().manual_seed(0),
-                           dtype=torch.uint8)  # fmt: skip
-    return protocol, images, np.repeat(np.arange(6), 8)
+    return protocol, *tiny_images()
 
 
 @pytest.mark.parametrize(
