@@ -109,6 +109,8 @@ def _torchvision(name: str, pretrained: str, weights_file: str = "") -> nn.Modul
         load_weights_file(net, name, Path(weights_file))
         return net
     weights = "DEFAULT" if pretrained == "imagenet" else None
+    if weights is not None:  # with its weights, torchvision drops GoogLeNet's aux heads itself
+        kwargs = {}
     try:
         return getattr(torchvision.models, name)(weights=weights, **kwargs)
     except (OSError, RuntimeError) as exc:  # a download that failed

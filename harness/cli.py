@@ -129,8 +129,8 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--tuned", action="store_true", help="use the configuration `tune` found "
                      "(results-dir/tuning/<protocol>/<method>.yaml) instead of the paper's")  # fmt: skip
     run.add_argument(
-        "--weights", help="local ImageNet weights file (a torchvision state_dict) for a "
-        "pretrained backbone, for machines that cannot download them",
+        "--weights", help="local pretrained weights file (a state_dict saved with torch.save, "
+        "or .safetensors) for a pretrained backbone, for machines that cannot download them",
     )  # fmt: skip
     run.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
                      help="override the protocol's precision (part of the protocol's hash, so "

@@ -83,6 +83,8 @@ def evaluate(
     if gallery is not None:
         gallery_args = (embed(backbone, method, gallery[0], device, batch, precision),
                         torch.as_tensor(gallery[1]))  # fmt: skip
+    if device.type == "cuda":  # the embeddings are computed when the clock stops
+        torch.cuda.synchronize(device)
     embed_seconds = time.perf_counter() - start
     ks, names = tuple(protocol.evaluation.recall_ks), _expand(protocol)
     convention = protocol.evaluation.clustering

@@ -10,7 +10,8 @@ workers the same function runs in the training process. Every random draw is see
 (seed, step, position in batch) (harness.augment), so the images, and the result files, do
 not depend on the number of workers. With the torch decoder (`run --decoder torch`) the
 workers only read the files, and the training process decodes and augments each batch on
-its device (harness.data.torch_decode), inside the timed wait. The seconds the step waits
+its device (harness.data.torch_decode), inside the timed wait (on CUDA its host-side part:
+the kernels run on the step's stream). The seconds the step waits
 for its batch are counted (`wait`): the data-wait share of training that results record.
 The first wait with workers, their start-up (spawning them, importing torch), is also kept
 (`startup`, in results `data_startup_seconds`): a short timed window can subtract it.
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from harness import distributed
+from harness.errors import HarnessError
 
 PREFETCH = 2  # batches each worker prepares ahead
 MAX_AUTO_WORKERS = 8
@@ -75,10 +77,32 @@ def finish(
     augmented here; a batch the worker finished is returned as it is."""
     from harness.data.torch_decode import Encoded
 
+    if isinstance(prepared, _Failed):
+        raise HarnessError(prepared.message)
     if not isinstance(prepared, Encoded):
         return prepared
     x = prepared.decode()
     return augment(x, step, _positions(idx, dist)) if augment is not None else x
+
+
+class _Failed:
+    """A batch that could not be prepared, for a reason the user can fix (a HarnessError: a
+    corrupt file, a protocol that does not fit the data). Handed over as a value, so that it
+    stays one line: torch would re-raise it wrapped in the worker's whole traceback."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def worker_death(exc: BaseException) -> HarnessError | None:
+    """A data worker that died (killed by the system, e.g. out of memory) as a one-line error
+    with the cure; None for any other exception."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or "DataLoader worker" not in text:
+        return None
+    return HarnessError(f"a data worker process died ({text.splitlines()[0].rstrip('. ')}): "
+                        "usually the machine ran out of memory; run the same command again with "
+                        "fewer --workers (it resumes from the last epoch's checkpoint)")  # fmt: skip
 
 
 class _Batches(torch.utils.data.Dataset):
@@ -90,7 +114,10 @@ class _Batches(torch.utils.data.Dataset):
     def __getitem__(self, key: tuple[int, np.ndarray]) -> tuple[int, torch.Tensor, Any]:
         step, idx = key
         idx = torch.as_tensor(idx)
-        return step, idx, prepare(self.images, self.augment, step, idx, self.dist)
+        try:
+            return step, idx, prepare(self.images, self.augment, step, idx, self.dist)
+        except HarnessError as exc:
+            return step, idx, _Failed(str(exc))
 
     def finish(self, item: tuple[int, torch.Tensor, Any]) -> tuple[int, torch.Tensor, Any]:
         step, idx, prepared = item
@@ -141,6 +168,9 @@ class Feeder:
                 pin_memory=pin_memory, prefetch_factor=PREFETCH, persistent_workers=True,
                 multiprocessing_context="spawn",  # fork after OpenMP started can hang
                 worker_init_fn=_one_decode_thread,
+                # its own generator: the loader's seed draw must not move torch's global one,
+                # which a method's dropout reads (results would depend on the worker count)
+                generator=torch.Generator(),
             )  # fmt: skip
 
     def batches(
@@ -158,6 +188,11 @@ class Feeder:
                 item = self.dataset.finish(next(source))
             except StopIteration:
                 return
+            except RuntimeError as exc:
+                death = worker_death(exc)
+                if death is None:
+                    raise
+                raise death from None
             finally:
                 waited = time.perf_counter() - begin
                 self.wait += waited

@@ -120,6 +120,18 @@ def resolve_all(specs: list[RunSpec]) -> list[RunSpec]:
     ]
 
 
+def _check_weights(protocol: Protocol, weights: str | None) -> None:
+    """`--weights FILE` before any run: a file that exists, for a pretrained backbone."""
+    if not weights:
+        return
+    if protocol.backbone.pretrained == "none":
+        raise HarnessError(f"--weights loads pretrained weights, but protocol {protocol.name} "
+                           f"trains its {protocol.backbone.name} from random weights "
+                           "(backbone.pretrained: none): drop --weights")  # fmt: skip
+    if not Path(weights).is_file():
+        raise HarnessError(f"weights file {weights} does not exist (from --weights)")
+
+
 def plan(
     protocol: Protocol,
     methods: list[str],
@@ -145,6 +157,7 @@ def plan(
             raise HarnessError(
                 f"{protocol.path}: methods: unknown method {name!r}{closest(name, METHODS.names())}"
             )
+    _check_weights(protocol, options.get("weights"))
     asked = tuple(seeds if seeds is not None else protocol.seeds)
     return [
         RunSpec(

@@ -16,6 +16,10 @@ params (e.g. img_size: 32 for a ViT at another input size) go to timm.create_mod
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +37,9 @@ class TimmBackbone(Backbone):
         if stages < 1 or stages - 1 > len(info):
             raise HarnessError(f"backbone timm: stages must be 1..{len(info) + 1} for this "
                                f"model, got {stages}")  # fmt: skip
-        picks = [round(len(info) * k / stages) - 1 for k in range(1, stages)]
+        picks: list[int] = []
+        for k in range(1, stages):  # evenly spaced, distinct even when stages - 1 == len(info)
+            picks.append(max(round(len(info) * k / stages) - 1, picks[-1] + 1 if picks else 0))
         dims = [int(info[i]["num_chs"]) for i in picks] + [int(net.num_features)]
         cfg = getattr(net, "pretrained_cfg", None) or {}
         mean = tuple(cfg.get("mean", IMAGENET[0]))
@@ -75,18 +81,55 @@ def timm_backbone(
                            f"{closest(model, timm.list_models(model.split('_')[0] + '*'))}")  # fmt: skip
     kwargs: dict[str, Any] = {"num_classes": 0, **options}
     if weights_file:
+        if not Path(weights_file).is_file():
+            raise HarnessError(f"weights file {weights_file} does not exist (from --weights or "
+                               "weights_file)")  # fmt: skip
         kwargs.update(pretrained=True, pretrained_cfg_overlay={"file": weights_file})
     elif pretrained == "imagenet":
         kwargs["pretrained"] = True
+    source = f"weights file {weights_file}" if weights_file else "the pretrained weights"
     try:
-        net = timm.create_model(model, **kwargs)
+        with _incomplete_loads() as incomplete:
+            net = timm.create_model(model, **kwargs)
     except TypeError as exc:
         raise HarnessError(f"backbone timm: bad backbone.params for {model} ({exc})") from None
-    except (OSError, RuntimeError, ValueError) as exc:  # a failed download, a foreign file
-        source = f"weights file {weights_file}" if weights_file else "the pretrained weights"
-        raise HarnessError(
-            f"backbone timm: cannot load {source} of {model} ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); without the internet, pass "
-            "`--weights FILE` (a state_dict or .safetensors of this model)"
-        ) from None
+    except Exception as exc:  # a failed download; a damaged, foreign or unpicklable file
+        hint = ("it must be a state_dict (torch.save) or .safetensors of this model" if
+                weights_file else "without the internet, pass `--weights FILE` (a state_dict "
+                "or .safetensors of this model)")  # fmt: skip
+        raise HarnessError(f"backbone timm: cannot load {source} of {model} "
+                           f"({type(exc).__name__}: {_first_line(exc)}); {hint}") from None  # fmt: skip
+    if incomplete:
+        raise HarnessError(f"backbone timm: {source} does not fit {model}: {incomplete[0]}")
     return TimmBackbone(net, stages)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+@contextmanager
+def _incomplete_loads() -> Iterator[list[str]]:
+    """Collect timm's reports of pretrained weights that did not cover the model. timm loads
+    non-strictly whenever it drops the classifier (num_classes 0 here, so for most models)
+    and says what was missing only in its log: caught here, so that a wrong file is an error
+    instead of a silently random backbone."""
+    found: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith(("Missing keys", "Unexpected keys", "Unable to convert")):
+                found.append(message.split(" discovered")[0].split(" found")[0][:300])
+
+    log, handler = logging.getLogger("timm.models._builder"), Catch(logging.INFO)
+    level, propagate = log.level, log.propagate
+    log.setLevel(logging.INFO)
+    log.propagate = False  # the error below says it once
+    log.addHandler(handler)
+    try:
+        yield found
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate

@@ -32,7 +32,7 @@ from harness.augment import TrainPipeline
 from harness.backbones import Backbone
 from harness.errors import HarnessError
 from harness.method import Method
-from harness.pipeline import Feeder, default_workers
+from harness.pipeline import Feeder, default_workers, worker_death
 from harness.precision import grad_scaler
 from harness.protocol import Protocol
 from harness.sampler import PKSampler
@@ -481,6 +481,9 @@ def train(
         raise
     except Exception as exc:
         session.explain(exc)
+        death = worker_death(exc)  # a data worker killed while the step computed
+        if death is not None:
+            raise death from None
         raise
     finally:
         session.bar.close()

@@ -4,6 +4,9 @@ interrupts a run (to check that its resume is bit-identical)."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import torch
 
@@ -32,3 +35,19 @@ def crash_after_epoch_2(epoch: int) -> None:
     """on_epoch_end: interrupt the run as Ctrl-C would, after its second epoch."""
     if epoch == 2:
         raise KeyboardInterrupt
+
+
+class DiesInAWorker:
+    """Images whose loading kills the data worker process that loads them, as the system's
+    out-of-memory killer would (a class here, so that spawned workers can unpickle it)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, idx):
+        return self
+
+    def load(self) -> torch.Tensor:
+        if torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.zeros((8, 1, 4, 4), dtype=torch.uint8)

@@ -58,6 +58,9 @@ def open_rgb(path: str | Path):
     try:
         with Image.open(path) as im:
             im.load()  # raises on a truncated file (LOAD_TRUNCATED_IMAGES stays False)
+            if im.mode == "I" or im.mode.startswith("I;16"):  # 16-bit: convert() would clip
+                high = np.clip(np.asarray(im, dtype=np.int64), 0, 65535) >> 8
+                return Image.fromarray(high.astype(np.uint8)).convert("RGB")
             return im.convert("RGB")
     except FileNotFoundError:
         raise HarnessError(

@@ -30,7 +30,8 @@ class Encoded:
     """A batch of image files as read from disk, to be decoded on `device`: what the data
     workers hand to the training process when it decodes."""
 
-    data: list[torch.Tensor]  # each file's bytes, uint8 [n]
+    data: list[bytes]  # each file's bytes (as bytes, not tensors: a tensor from a worker holds
+    # a file descriptor in the training process until freed, 180 a batch would exhaust them)
     boxes: list[np.ndarray | None]  # crop box per image (left, top, right, bottom) or None
     paths: list[str]
     size: int  # side of the square to resize to; 0: each image at its own size
@@ -38,7 +39,8 @@ class Encoded:
 
     def decode(self) -> torch.Tensor | list[torch.Tensor]:
         """uint8 [B, 3, S, S] on the device (size 0: a list of [3, H, W])."""
-        images = _decode_all(self.data, self.paths, torch.device(self.device))
+        data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in self.data]
+        images = _decode_all(data, self.paths, torch.device(self.device))
         out = [_crop_resize(x, box, self.size) for x, box in zip(images, self.boxes, strict=True)]
         if not self.size:
             return out
@@ -48,15 +50,20 @@ class Encoded:
 
 
 def read(paths: list[str], boxes: list[np.ndarray | None], size: int, device: str) -> Encoded:
-    """The files' bytes, read (not decoded); a missing file is a HarnessError naming it."""
+    """The files' bytes, read (not decoded); a missing, unreadable or empty file is a
+    HarnessError naming it."""
     data = []
     for path in paths:
         try:
             with open(path, "rb") as f:
-                data.append(torch.frombuffer(bytearray(f.read()), dtype=torch.uint8))
+                data.append(f.read())
         except FileNotFoundError:
             raise HarnessError(f"image {path} is missing; check the dataset with `python -m "
                                "harness data verify`") from None  # fmt: skip
+        except OSError as exc:
+            raise HarnessError(f"cannot read image {path} ({exc.strerror or exc})") from None
+        if not data[-1]:
+            raise HarnessError(f"image {path} is empty; replace it from the official archive")
     return Encoded(data, boxes, list(paths), int(size), str(device))
 
 
@@ -76,23 +83,34 @@ def _decode_all(data: list[torch.Tensor], paths: list[str], device: torch.device
                 for i, x in zip(jpeg, decoded, strict=True):
                     out[i] = x
             for i in (i for i in range(len(data)) if out[i] is None):
-                out[i] = decode_image(data[i], mode=ImageReadMode.RGB).to(device)
-        except RuntimeError as exc:
-            _raise_for_bad_file(data, paths, exc)
+                out[i] = _eight_bit(decode_image(data[i], mode=ImageReadMode.RGB)).to(device)
+        except RuntimeError:
+            return [_decode_one(b, path, device) for b, path in zip(data, paths, strict=True)]
     return out
 
 
-def _raise_for_bad_file(data: list[torch.Tensor], paths: list[str], exc: Exception) -> None:
-    """Find the file the batch failed on (decoding it alone) and name it."""
-    from torchvision.io import ImageReadMode, decode_image
+def _decode_one(data: torch.Tensor, path: str, device: torch.device) -> torch.Tensor:
+    """After a batched call failed: this file alone on the device, else on the CPU (nvJPEG
+    does not take every JPEG, e.g. CMYK ones); a file no decoder takes is named."""
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-    for b, path in zip(data, paths, strict=True):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
         try:
-            decode_image(b, mode=ImageReadMode.RGB)
-        except RuntimeError as one:
-            raise HarnessError(f"cannot decode image {path} ({one}); the file is corrupt or "
+            if bytes(data[:2].tolist()) == JPEG:
+                return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            pass
+        try:
+            return _eight_bit(decode_image(data, mode=ImageReadMode.RGB)).to(device)
+        except RuntimeError as exc:
+            raise HarnessError(f"cannot decode image {path} ({exc}); the file is corrupt or "
                                "truncated: replace it from the official archive") from None  # fmt: skip
-    raise HarnessError(f"decoding a batch failed ({exc}); run with --decoder pil") from None
+
+
+def _eight_bit(image: torch.Tensor) -> torch.Tensor:
+    """A 16-bit PNG's pixels as uint8 (their high byte, as the PIL decoder takes them)."""
+    return image if image.dtype == torch.uint8 else (image.int() >> 8).to(torch.uint8)
 
 
 def _crop_resize(image: torch.Tensor, box: np.ndarray | None, size: int) -> torch.Tensor:

@@ -109,7 +109,7 @@ def exact_pass(
                 if scorer is not None:
                     scores = scorer(q_in[ranked], g_in)
                     check_scores(scores, len(ranked), len(split.g_ids))
-                    rank_keys = -scores.to(device=q.device, dtype=dtype)
+                    rank_keys = -scores.detach().to(device=q.device, dtype=dtype)
                 else:
                     rank_keys = keys if len(ranked) == len(rows) else keys[is_active[rows]]
                 ranks = relevant_ranks(rank_keys, ranked, members[split.q_ids[ranked]],

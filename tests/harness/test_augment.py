@@ -12,12 +12,14 @@ import torch
 import torchvision.transforms.v2
 import torchvision.transforms.v2.functional as TF
 import yaml
-from tiny_training import crash_after_epoch_2, fresh_contrastive, tiny_images
+from tiny_training import DiesInAWorker, crash_after_epoch_2, fresh_contrastive, tiny_images
 
 import methods  # noqa: F401
 from harness.augment import AugmentationSpec, EvalView, OpSpec, TrainPipeline, apply_op, generator
 from harness.cli import main
+from harness.data.lazy import LazyImages
 from harness.errors import HarnessError
+from harness.pipeline import Feeder
 from harness.protocol import load_protocol, parse_protocol
 from harness.shipped import PROTOCOL_DIR
 from harness.train import train
@@ -277,6 +279,34 @@ def test_training_fed_by_two_workers_equals_training_in_process(tmp_path):
                     checkpoint=tmp_path / "c.pt", identity="a", workers=0)  # fmt: skip
     assert resumed.resumed_from_step == 6 and resumed.epoch_loss == s0.epoch_loss
     assert all(torch.equal(backbone.state_dict()[k], w0[k]) for k in w0)
+
+
+def _fed(images, keys, workers: int = 1) -> list:
+    feeder = Feeder(images, None, workers)
+    try:
+        return list(feeder.batches(keys))
+    finally:
+        feeder.close()
+
+
+@pytest.mark.slow
+def test_workers_leave_the_global_generator_alone_and_fail_in_one_line(tmp_path):
+    """Results must not depend on the worker count: the DataLoader's seed draw must not move
+    torch's global generator, which a method's dropout reads (PDDM's did). An error a worker
+    meets (a corrupt file) is the same one line as without workers; a killed worker says
+    what to do."""
+    images, _ = tiny_images()
+    keys = [(n, np.arange(4) + 4 * n) for n in range(2)]
+    state = torch.get_rng_state()
+    fed = _fed(images, keys)
+    assert torch.equal(torch.get_rng_state(), state) and torch.equal(fed[1][2], images[4:8])
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8" + b"\x00" * 100)
+    for workers in (0, 1):
+        with pytest.raises(HarnessError) as error:
+            _fed(LazyImages([str(tmp_path / "bad.jpg")] * 4, 16), keys[:1], workers)
+        assert str(error.value).startswith("cannot decode image") and "\n" not in str(error.value)
+    with pytest.raises(HarnessError, match=r"a data worker process died \(.*fewer --workers"):
+        _fed(DiesInAWorker(), keys)
 
 
 def test_a_run_records_its_augmentation_and_its_data_pipeline(tmp_path):

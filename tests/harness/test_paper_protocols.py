@@ -4,6 +4,7 @@ ImageNet weights files; no silent fallback to random weights; the paper comparis
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def test_local_weights_file_loads_exactly_and_is_recorded(tmp_path, archives):
     assert len(record["backbone_weights"]["sha256"]) == 64
 
 
-def test_weights_file_errors(tmp_path):
+def test_weights_file_errors(tmp_path, capsys):
     import torchvision
 
     file = _save(torchvision.models.resnet18(), tmp_path / "resnet18.pth")
@@ -196,6 +197,15 @@ def test_weights_file_errors(tmp_path):
         build_backbone(spec, 3)
     with pytest.raises(ValueError, match="weights_file goes with pretrained: imagenet"):
         BackboneSpec(name="resnet18", input_size=32, weights_file=str(file))
+    # from the command line: one line before any run, not the ValueError above
+    for protocol, weights, message in [
+        ("smoke", file, "protocol smoke trains its conv4 from random weights .*drop --weights"),
+        ("lifted_cub200", tmp_path / "nope.pth", "nope.pth does not exist"),
+    ]:
+        assert main(["-q", "run", "--protocol", protocol, "--method", "contrastive", "--weights",
+                     str(weights), "--results-dir", str(tmp_path / "r")]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert re.search(message, err) and err.count("\n") == 1
 
 
 def test_no_network_and_no_file_stops_instead_of_training_from_random(tmp_path, monkeypatch):
@@ -209,6 +219,23 @@ def test_no_network_and_no_file_stops_instead_of_training_from_random(tmp_path, 
     spec = BackboneSpec(name="resnet18", input_size=32, pretrained="imagenet")
     with pytest.raises(HarnessError, match="will not train from random weights.*--weights FILE"):
         build_backbone(spec, 3)
+
+
+def test_googlenet_gets_its_downloaded_imagenet_weights(tmp_path, monkeypatch):
+    """The paper protocols' path online: torchvision's weights API (the download stubbed with
+    a file of GoogLeNet's ImageNet layout, aux classifiers included) loads into the stages."""
+    import torchvision
+    import torchvision.models._api as api
+
+    torch.manual_seed(2)
+    goog = torchvision.models.googlenet(weights=None, aux_logits=True, init_weights=True)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(api, "load_state_dict_from_url", lambda *a, **k: goog.state_dict())
+    spec = BackboneSpec(name="googlenet", input_size=32, pretrained="imagenet")
+    net = build_backbone(spec, 3)
+    assert torch.equal(net.stages[0][0].conv.weight, goog.conv1.conv.weight)
+    assert torch.equal(net.stages[2][-1].branch1.conv.weight, goog.inception5b.branch1.conv.weight)
+    assert net.mean.flatten().tolist() == [0.5] * 3
 
 
 def _run(method: str, seed: int, recall1: float, **extra) -> RunResult:

@@ -64,6 +64,30 @@ def test_a_local_weights_file_is_loaded(tmp_path, suffix):
     assert all(torch.equal(loaded[k], v) for k, v in source.state_dict().items())
 
 
+def test_a_file_that_does_not_cover_a_classifier_model_is_an_error(tmp_path):
+    """timm loads non-strictly when it drops a model's classifier (num_classes 0 here): its
+    own file (classifier included) loads exactly, a foreign or empty one is an error."""
+    torch.manual_seed(3)
+    own = timm.create_model("resnet18")  # with its fc, as timm's pretrained file has it
+    torch.save(own.state_dict(), tmp_path / "r18.pth")
+    backbone = build_backbone(spec("imagenet", str(tmp_path / "r18.pth"), model="resnet18"), 3)
+    loaded = backbone.stages[0].state_dict()
+    assert all(torch.equal(v, own.state_dict()[k]) for k, v in loaded.items())
+    torch.save({}, tmp_path / "empty.pth")
+    torch.save(timm.create_model("vit_tiny_patch16_224").state_dict(), tmp_path / "vit.pth")
+    for name in ("empty.pth", "vit.pth"):
+        with pytest.raises(HarnessError, match=f"{name} does not fit resnet18: Missing keys"):
+            build_backbone(spec("imagenet", str(tmp_path / name), model="resnet18"), 3)
+
+
+def test_as_many_stages_as_the_model_has_are_distinct():
+    backbone = build_backbone(spec(model="resnet18", stages=6), 3)  # feature_info: 5 entries
+    assert backbone.picks == [0, 1, 2, 3, 4]
+    x = backbone.prepare(torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8))
+    features = backbone(x)
+    assert [f.shape[1] for f in features] == backbone.stage_dims == [64, 64, 128, 256, 512, 512]
+
+
 def test_timm_errors_are_one_line(tmp_path):
     with pytest.raises(HarnessError, match="needs params.model"):
         build_backbone(spec(), 3)
@@ -71,8 +95,17 @@ def test_timm_errors_are_one_line(tmp_path):
         build_backbone(spec(model="vit_tiny_patch16_22"), 3)
     bad = tmp_path / "bad.pth"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(HarnessError, match="cannot load weights file .*--weights FILE"):
+    with pytest.raises(HarnessError, match="cannot load weights file .*state_dict"):
         build_backbone(spec("imagenet", str(bad), **VIT), 3)
+    with pytest.raises(HarnessError, match="nope.pth does not exist"):
+        build_backbone(spec("imagenet", str(tmp_path / "nope.pth"), **VIT), 3)
+    from safetensors.torch import save_file
+
+    cut = tmp_path / "cut.safetensors"
+    save_file({"w": torch.zeros(100)}, str(cut))
+    cut.write_bytes(cut.read_bytes()[:20])  # truncated: safetensors' own error type
+    with pytest.raises(HarnessError, match="cannot load weights file .*cut.safetensors"):
+        build_backbone(spec("imagenet", str(cut), **VIT), 3)
     with pytest.raises(HarnessError, match="stages must be 1..13"):
         build_backbone(spec(stages=20, **VIT), 3)
 

@@ -49,6 +49,39 @@ def test_other_formats_decode_through_the_fallback_and_bad_files_are_named(tmp_p
         bad.load()
     with pytest.raises(HarnessError, match=r"image .*gone\.jpg is missing"):
         LazyImages([str(tmp_path / "gone.jpg")], 16).decoded_by("torch").load()
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    with pytest.raises(HarnessError, match=r"image .*empty\.jpg is empty"):
+        LazyImages([str(tmp_path / "empty.jpg")], 16).decoded_by("torch").load()
+
+
+def test_16_bit_pngs_keep_their_high_byte_with_both_decoders(tmp_path):
+    levels = np.random.default_rng(1).integers(0, 65536, (12, 10), dtype=np.uint16)
+    Image.fromarray(levels).save(tmp_path / "deep.png")  # 16-bit grayscale
+    pil = LazyImages([str(tmp_path / "deep.png")], 0).load()[0]
+    decoded = LazyImages([str(tmp_path / "deep.png")], 0).decoded_by("torch").load()[0]
+    expected = torch.from_numpy((levels >> 8).astype(np.uint8)).expand(3, 12, 10)
+    assert torch.equal(pil, expected) and torch.equal(decoded, expected)
+
+
+def test_a_jpeg_the_device_decoder_refuses_is_decoded_on_the_cpu(jpegs, monkeypatch):
+    """nvJPEG refuses some valid JPEGs (CMYK ones): one such file must not stop the batch."""
+    import torchvision.io
+
+    real = torchvision.io.decode_jpeg
+    refused = open(jpegs[1], "rb").read()
+
+    def picky(data, **kwargs):
+        one = data if isinstance(data, torch.Tensor) else None
+        if one is None and any(bytes(d.numpy()) == refused for d in data):
+            raise RuntimeError("nvjpegDecodeBatched failed")
+        if one is not None and bytes(one.numpy()) == refused:
+            raise RuntimeError("unsupported JPEG")
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", picky)
+    images = LazyImages(jpegs[:3], 0)
+    for a, b in zip(images.load(), images.decoded_by("torch").load(), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_workers_read_the_files_and_the_training_process_decodes_and_augments(jpegs):
@@ -57,6 +90,7 @@ def test_workers_read_the_files_and_the_training_process_decodes_and_augments(jp
     idx = np.array([4, 0, 7, 2])
     handed = prepare(images, augment, 5, idx, distributed.SINGLE)
     assert isinstance(handed, Encoded) and len(handed.data) == 4  # bytes, not pixels
+    assert all(isinstance(b, bytes) for b in handed.data)  # not tensors: no shared memory
     expected = TrainPipeline(augment.ops, 3)(LazyImages(jpegs, 0)[idx].load(), 5, range(4))
     assert torch.equal(load_batch(images, augment, 5, idx, distributed.SINGLE), expected)
     feeder = Feeder(images, augment, workers=0)

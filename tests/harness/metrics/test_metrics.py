@@ -299,6 +299,10 @@ def test_scorer_equal_to_negative_squared_distance_matches_default():
     # Ranking farthest-first really changes the result (the scorer is used, not ignored).
     reversed_ = compute_metrics(x, y, metrics=RETRIEVAL, scorer=lambda q, g: -neg_sq_dist(q, g))
     assert (default["precision@1"], reversed_["precision@1"]) == (1.0, 0.0)
+    # a learned scorer whose scores track gradients (a module called outside no_grad)
+    w = torch.ones((), requires_grad=True)
+    tracked = compute_metrics(x, y, metrics=RETRIEVAL, scorer=lambda q, g: w * neg_sq_dist(q, g))
+    assert tracked == pytest.approx(default, abs=1e-12)
 
 
 def test_scorer_ties_also_go_to_lower_index():
