@@ -477,6 +477,7 @@ def train(
                 session.read_back(n)
             if epoch_end:
                 _end_epoch(session, n, checkpoint, identity, validate, on_epoch_end)
+        session.record_times()  # before the workers stop: their shutdown is not training
     except TrainingFailed:
         raise
     except Exception as exc:
@@ -489,5 +490,4 @@ def train(
         session.bar.close()
         feeder.close()
     state.restore_best()
-    session.record_times()
     return state.stats

@@ -89,6 +89,9 @@ def measure_devices(
         "method": method,
         "settings": {"steps": steps, "warmup_steps": WARMUP_STEPS, "device": resolved.type,
                      "threads_per_rank": threads if resolved.type == "cpu" else None,
+                     "backbone_weights": "random (timing only)" if (
+                         protocol.backbone.pretrained != "none" or protocol.backbone.weights_file
+                     ) else "none",
                      "batch_size": protocol.sampler.batch_size},
         "rows": rows,
         "seconds": round(time.perf_counter() - started, 1),
@@ -113,9 +116,20 @@ def _launch(protocol: str, method: str, n: int, device: str, steps: int, threads
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode or not out.is_file():
-            lines = [line for line in done.stderr.splitlines() if line.strip()] or ["no output"]
-            raise HarnessError(f"--devices: the run on {n} processes failed: {lines[-1]}")
+            raise HarnessError(f"--devices: the run on {n} processes failed: "
+                               f"{_rank_error(done.stderr)}")  # fmt: skip
         return json.loads(out.read_text())
+
+
+def _rank_error(stderr: str) -> str:
+    """The ranks' own error from torchrun's output (its banners and tracebacks around it):
+    the last HarnessError line, else the last exception line, else the last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()] or ["no output"]
+    for marker in ("HarnessError: ", "Error: "):
+        found = [line for line in lines if marker in line and not line.startswith("=")]
+        if found:
+            return found[-1].split(marker, 1)[1] if marker == "HarnessError: " else found[-1]
+    return lines[-1]
 
 
 def _rank(argv: list[str]) -> None:
@@ -132,7 +146,7 @@ def _rank(argv: list[str]) -> None:
     import methods  # noqa: F401  (registers every method)
     from harness import distributed
     from harness.cost.measure import _setup
-    from harness.cost.throughput import measure_throughput
+    from harness.cost.throughput import measure_throughput, random_init
     from harness.protocol import load_protocol
     from harness.runner import prepare_data
 
@@ -144,6 +158,7 @@ def _rank(argv: list[str]) -> None:
     here = distributed.init_from_env(device)
     protocol = load_protocol(args.protocol)
     prepared = prepare_data(protocol, args.data_root)
+    protocol = random_init(protocol)  # timing only, as `cost` does
     setup = _setup(protocol, prepared, [args.method], 2, device)
     model = setup.model(args.method)
     measured = measure_throughput(model.backbone, model.method, prepared, protocol, device,

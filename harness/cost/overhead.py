@@ -173,16 +173,10 @@ class _Loops:
         the device, so the bare loop measures the model alone (the issue's "data already on
         the GPU"), while the harness loop prepares them as a run does. None: images in
         memory without augmentation, indexed by both loops alike."""
-        from harness import distributed
-        from harness.augment import TrainPipeline
-        from harness.pipeline import load_batch
+        from harness.cost.throughput import stage_batches
 
-        train = protocol.augmentation.train
-        if not train and not hasattr(self.images, "load"):
-            return None
-        augment = TrainPipeline(train, seed) if train else None
-        return [load_batch(self.images, augment, n, idx, distributed.SINGLE).to(device)
-                for n, idx in enumerate(self.batches)]  # fmt: skip
+        staged = stage_batches(self.images, protocol, seed, list(enumerate(self.batches)))
+        return None if staged is None else [x.to(device) for x in staged]
 
     def bare(self, extras: frozenset[str] = frozenset(), steps: int | None = None) -> float:
         bb, mt = copy.deepcopy(self.backbone), copy.deepcopy(self.method)
@@ -199,16 +193,16 @@ class _Loops:
         from harness.train import train
 
         bb, mt = copy.deepcopy(self.backbone), copy.deepcopy(self.method)
-        start = self.timer.now()
         with _quiet():
             stats = train(bb, mt, self.images, self.labels, self.coarse, self.protocol,
                           self.seed, self.device, max_steps=self.steps, progress=True,
                           checkpoint=self.ckpt, identity="cost-overhead")  # fmt: skip
-        seconds = self.timer.now() - start
         self.ckpt.unlink(missing_ok=True)  # else the next round would resume from it
-        # worker processes start once per run, not once per window: not part of the steps
+        # the training seconds every result records (the steps with their data waits, loss
+        # read-backs and epoch-end checkpoints; synchronised on CUDA), less the worker
+        # processes' start-up: they start and stop once per run, not once per window
         self.startups.append(stats.data_startup_seconds)
-        return seconds - stats.data_startup_seconds
+        return stats.train_seconds - stats.data_startup_seconds
 
     def alternate(self, a: Callable[[], float], b: Callable[[], float], rounds: int) -> dict:
         """Rounds alternate which loop goes first. The fastest round of each loop is the one

@@ -4,8 +4,8 @@ number of worker processes, and the share of a training step spent waiting for d
 The batches are the protocol's own (its P x K sampler over the training classes, its load
 size and train augmentation), prepared by `harness.pipeline.Feeder` exactly as in a run. The
 first WARMUP_BATCHES of each count are not timed (worker start-up); then each count is timed
-ROUNDS times, alternated with the others, and its fastest round is reported (all rounds are
-recorded): a shared machine's slow spells then do not decide the comparison. Each row's
+ROUNDS times, alternated with the others, on at least `batches` batches rounded up to whole
+waves of its workers, and its fastest round is reported (all rounds are recorded): a shared machine's slow spells then do not decide the comparison. Each row's
 `speedup` is its images/s over the first (smallest) count's, both from this one run. The
 data-wait share trains the protocol's backbone for `steps` steps fed by the largest worker count, with one
 method (--methods NAME, else the first registered method that trains and needs no coarse
@@ -93,24 +93,25 @@ def measure_pipeline(
     spec = protocol.sampler
     sampler = PKSampler(contiguous(data.labels[split.train]), spec.classes_per_batch,
                         spec.images_per_class, seed)  # fmt: skip
-    keys = [(n, sampler.next_batch()) for n in range(WARMUP_BATCHES + batches)]
+    sizes = {w: whole_waves(batches, w) for w in counts}
+    keys = [(n, sampler.next_batch()) for n in range(WARMUP_BATCHES + max(sizes.values()))]
     feeders = {w: Feeder(images, augment, w, device.type == "cuda") for w in counts}
-    timed = keys[WARMUP_BATCHES : WARMUP_BATCHES + batches]
     try:
         for feeder in feeders.values():  # worker start-up, first decodes: not timed
             sum(1 for _ in feeder.batches(keys[:WARMUP_BATCHES]))
         rates: dict[int, list[float]] = {w: [] for w in counts}
         for _ in range(ROUNDS):  # alternated, so a slow spell of the machine hits every count
             for w, feeder in feeders.items():
-                begin = time.perf_counter()
+                begin = _now(device)
+                timed = keys[WARMUP_BATCHES : WARMUP_BATCHES + sizes[w]]
                 n = sum(len(x) for _, _, x in feeder.batches(timed))
-                rates[w].append(round(n / (time.perf_counter() - begin), 1))
+                rates[w].append(round(n / (_now(device) - begin), 1))
     finally:
         for feeder in feeders.values():
             feeder.close()
     first = max(rates[counts[0]])
-    rows = [{"workers": w, "images_per_second": max(r), "speedup": round(max(r) / first, 2),
-             "rounds": r} for w, r in rates.items()]  # fmt: skip
+    rows = [{"workers": w, "batches": sizes[w], "images_per_second": max(r),
+             "speedup": round(max(r) / first, 2), "rounds": r} for w, r in rates.items()]  # fmt: skip
     record: dict[str, Any] = {
         "kind": "cost_pipeline",
         "protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash},
@@ -127,6 +128,23 @@ def measure_pipeline(
     record["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record["environment"] = environment(device)
     return record
+
+
+def whole_waves(batches: int, workers: int) -> int:
+    """At least `batches`, rounded up to a multiple of the worker count: each timed round
+    starts with every worker idle, and W workers take ceil(n / W) batch-times for n batches,
+    so a partial last wave would understate a large count's images per second."""
+    w = max(1, workers)
+    return -(-batches // w) * w
+
+
+def _now(device: Any) -> float:
+    """Wall time once the device has finished what was queued (the torch decoder's kernels)."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _data_wait(

@@ -73,14 +73,19 @@ def measure_throughput(
     step = _training_step(backbone, method, data.images[split.train], labels, coarse, protocol,
                           device, seed, dist, split_backward)  # fmt: skip
     keys = [(n, sampler.next_batch()) for n in range(warmup + steps)]
-    plain = ((n, torch.from_numpy(idx), None) for n, idx in keys)
-    source = feeder.batches(keys) if feeder is not None else plain
+    if feeder is not None:
+        source = feeder.batches(keys)
+    else:  # prepared before the clock, as a run's data workers prepare them beside the step
+        staged = stage_batches(data.images[split.train], protocol, seed, keys, dist)
+        source = iter([(n, torch.from_numpy(idx), None if staged is None else staged[k])
+                       for k, (n, idx) in enumerate(keys)])  # fmt: skip
     images, empty, waited = 0, 0, 0.0
-    for k, (n, idx, x) in enumerate(source):
-        if k == warmup:
+    for k in range(warmup + steps):
+        if k == warmup:  # before the batch is fetched: the window holds `steps` data waits
             step.timer.reset()
             begin = step.timer.now()
             waited = feeder.wait if feeder is not None else 0.0
+        n, idx, x = next(source)
         result = step(idx, images=x, step=n)
         if k >= warmup:
             images += result.images
@@ -96,6 +101,24 @@ def measure_throughput(
         "mining_loss_share": round(mining_loss / seconds, 4),
         "empty_steps": empty,
     } | ({} if feeder is None else {"data_wait_share": round((feeder.wait - waited) / seconds, 4)})
+
+
+def stage_batches(
+    images: Any, protocol: Protocol, seed: int, keys: list, dist: Dist | None = None
+) -> list[torch.Tensor] | None:
+    """Each batch of `keys` ((step, indices)) read from disk and augmented as a run does,
+    up front, so that a timed loop measures the training step and not the data pipeline
+    (`cost --pipeline` measures that). None: images in memory without augmentation, which
+    the step indexes itself at no cost."""
+    from harness import distributed
+    from harness.augment import TrainPipeline
+    from harness.pipeline import load_batch
+
+    train = protocol.augmentation.train
+    if not train and not hasattr(images, "load"):
+        return None
+    augment = TrainPipeline(train, seed) if train else None
+    return [load_batch(images, augment, n, idx, dist or distributed.SINGLE) for n, idx in keys]
 
 
 def _training_step(

@@ -246,3 +246,25 @@ def test_the_model_builder_seeds_as_the_runner_always_did():
     for mine, theirs in ((model.backbone, backbone), (model.method.head, head)):
         expected = theirs.state_dict()
         assert all(torch.equal(v, expected[k]) for k, v in mine.state_dict().items())
+
+
+def test_training_seconds_end_before_the_data_workers_stop(monkeypatch):
+    """Stopping worker processes takes seconds; like their start-up it is once per run, not
+    training time (else `cost`'s harness-against-bare-loop ratio would count it)."""
+    from tiny_training import fresh_contrastive, tiny_images
+
+    from harness import train as train_module
+
+    events = []
+    close, record = train_module.Feeder.close, train_module._Session.record_times
+    monkeypatch.setattr(train_module.Feeder, "close",
+                        lambda self: (events.append("close"), close(self))[1])  # fmt: skip
+    monkeypatch.setattr(train_module._Session, "record_times",
+                        lambda self: (events.append("record"), record(self))[1])  # fmt: skip
+    protocol = load_protocol("smoke")
+    backbone, method = fresh_contrastive(protocol)
+    images, labels = tiny_images()
+    stats = train(backbone, method, images, labels, None, protocol, 0, torch.device("cpu"),
+                  max_steps=2, progress=False, workers=0)  # fmt: skip
+    assert stats.steps == 2 and stats.train_seconds > 0
+    assert events[-2:] == ["record", "close"]

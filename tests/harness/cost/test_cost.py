@@ -332,3 +332,84 @@ def test_the_bare_loop_trains_as_the_harness_does_in_bf16_on_augmented_batches(t
     _bare_loop(fp32_bb, fp32_m, loops.staged, loops.labels_t, loops.coarse_t, loops.batches[:3],
                fp32, cpu)  # fmt: skip
     assert not all(torch.equal(fp32_bb.state_dict()[k], bare[k]) for k in bare)  # autocast acts
+
+
+class _SlowFeeder:
+    """Batches that take at least `seconds` each to arrive (as harness.pipeline.Feeder)."""
+
+    def __init__(self, images, seconds: float) -> None:
+        self.images, self.seconds, self.wait = images, seconds, 0.0
+
+    def batches(self, keys):
+        import time
+
+        for n, idx in keys:
+            time.sleep(self.seconds)
+            self.wait += self.seconds
+            yield n, torch.from_numpy(idx), self.images[idx]
+
+
+class _SlowLoading:
+    """Images on a slow "disk": each batch takes `seconds` to load (as LazyImages)."""
+
+    def __init__(self, images: torch.Tensor, seconds: float) -> None:
+        self.images, self.seconds = images, seconds
+        self.dtype, self.ndim, self.shape = images.dtype, images.ndim, images.shape
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, idx):
+        return _SlowLoading(self.images[idx], self.seconds)
+
+    def load(self) -> torch.Tensor:
+        import time
+
+        time.sleep(self.seconds)
+        return self.images
+
+
+def test_throughput_windows_hold_every_steps_data_wait_and_no_data_preparation():
+    """Fed batches: the timed window holds `steps` steps and all their waits, so images/s can
+    never exceed what the data delivers. Unfed: batches are loaded before the clock starts (a
+    run's workers prepare them beside the step), so slow loading is not step time."""
+    import dataclasses
+
+    from tiny_training import fresh_contrastive
+
+    from harness.cost.throughput import measure_throughput
+    from harness.runner import prepare_data
+
+    protocol = load_protocol("smoke")
+    prepared = prepare_data(protocol, None)
+    train_images = prepared.data.images[prepared.split.train]
+    cpu, batch = torch.device("cpu"), protocol.sampler.batch_size
+    backbone, method = fresh_contrastive(protocol)
+    fed = measure_throughput(backbone, method, prepared, protocol, cpu, steps=3, warmup=1,
+                             feeder=_SlowFeeder(train_images, 0.2))  # fmt: skip
+    assert fed["images_per_second"] <= batch / 0.2
+    window = fed["step_ms"] * 3 / 1000  # seconds; the stub's 3 waits of 0.2 s are inside it
+    assert fed["data_wait_share"] * window == pytest.approx(0.6, abs=0.01)
+    slow = _SlowLoading(prepared.data.images, 1.0)
+    on_disk = dataclasses.replace(prepared, data=dataclasses.replace(prepared.data, images=slow))
+    backbone, method = fresh_contrastive(protocol)
+    unfed = measure_throughput(backbone, method, on_disk, protocol, cpu, steps=2, warmup=1)
+    assert unfed["step_ms"] < 1000  # a 1 s load per step would be in every step's time
+
+
+def test_a_failed_devices_run_shows_the_ranks_own_error():
+    from harness.cost.devices import _rank_error
+
+    stderr = """[rank0]: Traceback (most recent call last):
+[rank0]:   File "/x/harness/cost/devices.py", line 150, in _rank
+[rank0]: harness.errors.HarnessError: weights file /w.pth does not exist (from --weights or weights_file)
+E1123 22:10:01 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1)
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+"""
+    assert (
+        _rank_error(stderr) == "weights file /w.pth does not exist (from --weights or weights_file)"
+    )
+    assert _rank_error("RuntimeError: gloo timed out\n=====\n") == "RuntimeError: gloo timed out"
+    assert _rank_error("") == "no output"

@@ -10,7 +10,7 @@ import yaml
 from jpeg_tree import cub_jpegs
 
 from harness.cli import main
-from harness.cost.pipeline import ROUNDS
+from harness.cost.pipeline import ROUNDS, whole_waves
 
 PROTOCOL = {
     "schema": 1, "name": "cub_pipeline", "version": 1, "description": "pipeline test",
@@ -38,6 +38,7 @@ def test_cost_pipeline_reports_images_per_second_per_worker_count(tmp_path, caps
     assert main(["-q", *args]) == 0
     record = json.loads(capsys.readouterr().out)
     assert [row["workers"] for row in record["pipeline"]] == [0, 1]
+    assert [row["batches"] for row in record["pipeline"]] == [24, 24]
     for row in record["pipeline"]:
         assert row["images_per_second"] == max(row["rounds"]) > 0 and len(row["rounds"]) == ROUNDS
     slow, fast = record["pipeline"]
@@ -54,3 +55,8 @@ def test_cost_pipeline_reports_images_per_second_per_worker_count(tmp_path, caps
 def test_bad_worker_counts_are_one_line_errors(capsys):
     assert main(["cost", "--pipeline", "--protocol", "smoke", "--workers", "two"]) == 2
     assert "--workers: expected comma-separated integers" in capsys.readouterr().err
+
+
+def test_each_worker_count_is_timed_on_whole_waves_of_batches():
+    """16 workers take two batch-times for 24 batches as for 32: 24 would read 25 % low."""
+    assert [whole_waves(24, w) for w in (0, 1, 2, 4, 8, 16, 5)] == [24, 24, 24, 24, 24, 32, 25]
