@@ -126,9 +126,9 @@ def overhead_line(record: dict[str, Any]) -> str:
                  f"{o['worker_startup_seconds']:.2f} s.")  # fmt: skip
     if o["steps"] < 20:
         text += (
-            f" Only {o['steps']} steps (the protocol's budget): the harness's fixed setup per "
-            "run (optimizer, sampler, progress bar; a few ms) weighs in, so this ratio says "
-            "little about a long run."
+            f" Only {o['steps']} steps (the protocol's budget): once-per-run costs (the first "
+            "steps' warm-up, an epoch-end checkpoint) weigh in, so this ratio says little "
+            "about a long run."
         )
     if o.get("breakdown"):
         parts = ", ".join(f"{k} {v:.3f}" for k, v in o["breakdown"].items())
