@@ -167,33 +167,55 @@ def compare(
                     "run check --update --reason ...")]  # fmt: skip
     at = [baseline["seeds"].index(s) for s in seeds]
     problems = {m: _structural(baseline, m, rs) for m, rs in runs.items()}
-    tested = sum(len(rs[0].metrics or {}) for m, rs in runs.items() if problems[m] is None)
+    names = {m: _metric_names(baseline, m, rs) for m, rs in runs.items() if problems[m] is None}
+    tested = sum(len(n) for n in names.values())
     rows: list[Row] = []
     for method, method_runs in sorted(runs.items()):
         problem = problems[method]
         if problem is not None:
             rows.append(Row(method, "*", None, None, None, problem))
             continue
-        for metric in method_runs[0].metrics or {}:
-            now = [(r.metrics or {})[metric] for r in method_runs]
+        for metric in names[method]:
             base = baseline["methods"][method]["metrics"].get(metric)
-            if base is None:
-                rows.append(Row(method, metric, None, statistics.fmean(now), None,
-                                "missing baseline"))  # fmt: skip
-            elif not all(math.isfinite(v) for v in now):
-                rows.append(Row(method, metric, None, None, None, f"not finite: {now}"))
-            elif exact:
-                same = all(math.isclose(now[i], base[j], rel_tol=EXACT_RTOL, abs_tol=EXACT_RTOL)
-                           for i, j in enumerate(at))  # fmt: skip
-                rows.append(Row(method, metric, statistics.fmean(base[j] for j in at),
-                                statistics.fmean(now), 0.0, "ok" if same else "CHANGED"))  # fmt: skip
-            else:
-                bound = t_bound(base, now, tested)
-                diff = statistics.fmean(now) - statistics.fmean(base)
-                status = "REGRESSED" if diff < -bound else "improved" if diff > bound else "ok"
-                rows.append(Row(method, metric, statistics.fmean(base), statistics.fmean(now),
-                                bound, status))  # fmt: skip
+            rows.append(_metric_row(method, metric, base, method_runs, at, exact, tested))
     return rows
+
+
+def _metric_names(baseline: dict[str, Any], method: str, runs: list[RunResult]) -> list[str]:
+    """The metrics of the baseline and of the runs: one the baseline has and a run lost fails."""
+    names = dict.fromkeys(baseline["methods"][method]["metrics"])
+    for r in runs:
+        names.update(dict.fromkeys(r.metrics or {}))
+    return list(names)
+
+
+def _metric_row(
+    method: str, metric: str, base: list[float] | None, runs: list[RunResult], at: list[int],
+    exact: bool, tested: int,
+) -> Row:  # fmt: skip
+    """One metric's verdict; a missing or non-finite value on either side never passes."""
+    values = [(r.metrics or {}).get(metric) for r in runs]
+    if any(v is None for v in values):
+        lost = [r.seed for r, v in zip(runs, values, strict=True) if v is None]
+        return Row(method, metric, None, None, None, f"missing now (seeds {lost})")
+    now = [float(v) for v in values if v is not None]
+    if base is None:
+        return Row(method, metric, None, statistics.fmean(now), None, "missing baseline")
+    if not all(math.isfinite(v) for v in now):
+        return Row(method, metric, None, None, None, f"not finite: {now}")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in base):
+        return Row(method, metric, None, None, None, f"baseline not finite: {base}")
+    if exact:
+        same = all(math.isclose(now[i], base[j], rel_tol=EXACT_RTOL, abs_tol=EXACT_RTOL)
+                   for i, j in enumerate(at))  # fmt: skip
+        return Row(method, metric, statistics.fmean(base[j] for j in at),
+                   statistics.fmean(now), 0.0, "ok" if same else "CHANGED")  # fmt: skip
+    bound = t_bound(base, now, tested)
+    if not math.isfinite(bound):
+        return Row(method, metric, None, None, None, f"untestable: bound {bound}")
+    diff = statistics.fmean(now) - statistics.fmean(base)
+    status = "REGRESSED" if diff < -bound else "improved" if diff > bound else "ok"
+    return Row(method, metric, statistics.fmean(base), statistics.fmean(now), bound, status)
 
 
 def too_noisy(rows: list[Row]) -> dict[str, float]:
@@ -264,6 +286,7 @@ def update(
             )
         old_methods = old["methods"]
     ok = {m: rs for m, rs in runs.items() if all(r.ok for r in rs)}
+    _refuse_non_finite(ok)
     write_json_atomic(path, {
         "format": BASELINE_FORMAT,
         "protocol": protocol.name,
@@ -280,6 +303,18 @@ def update(
             for m, rs in ok.items()}},
     })  # fmt: skip
     return sorted(set(runs) - set(ok))
+
+
+def _refuse_non_finite(runs: dict[str, list[RunResult]]) -> None:
+    """A baseline of NaN or inf would pass any later value, so such a run is never recorded."""
+    bad = sorted(f"{m} {k} (seed {r.seed}: {v})" for m, rs in runs.items() for r in rs
+                 for k, v in (r.metrics or {}).items()
+                 if not isinstance(v, (int, float)) or not math.isfinite(v))  # fmt: skip
+    if bad:
+        raise HarnessError(
+            f"not finite, so not a baseline: {', '.join(bad)}; fix the method, or leave it out "
+            "with --methods"
+        )
 
 
 def check(

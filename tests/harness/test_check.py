@@ -19,11 +19,12 @@ from harness.check import (
     load_baseline,
     t_bound,
     too_noisy,
+    update,
 )
 from harness.cli import main
 from harness.errors import HarnessError
 from harness.protocol import load_protocol
-from harness.results import MethodInfo, ProtocolInfo, RunResult
+from harness.results import Environment, MethodInfo, ProtocolInfo, RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,6 +92,41 @@ def test_compare_fails_missing_changed_failed_and_foreign_seeds():
     assert (
         "not in the baseline" in statuses(runs_a([0.5] * 3), False, seeds=(0, 1, 7))[("*", "seeds")]
     )
+
+
+def test_a_baseline_metric_the_runs_no_longer_report_fails():
+    two = {"map@r": [0.5] * 4, "recall@1": [0.7] * 4}
+    base = {**BASE, "methods": {"a": {"version": 1, "metrics": two}}}
+    for exact in (True, False):
+        rows = compare(base, "h", runs_a([0.5, 0.5, 0.5]), [0, 1, 2], exact)
+        lost = {r.metric: r for r in rows}["recall@1"]
+        assert lost.failed and lost.status.startswith("missing now")
+    # one seed lost it: named, and no KeyError
+    runs = runs_a([0.5, 0.5, 0.5])
+    for r in runs["a"]:
+        r.metrics["recall@1"] = 0.7
+    del runs["a"][1].metrics["recall@1"]
+    rows = {r.metric: r for r in compare(base, "h", runs, [0, 1, 2], exact=False)}
+    assert rows["recall@1"].status == "missing now (seeds [1])"
+    assert rows["map@r"].status == "ok"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_baseline_never_passes(bad: float):
+    base = {**BASE, "methods": {"a": {"version": 1, "metrics": {"map@r": [0.5, bad, 0.5, 0.5]}}}}
+    for exact in (True, False):
+        (row,) = compare(base, "h", runs_a([0.5, 0.5, 0.5]), [0, 2, 3], exact)
+        assert row.failed and row.status.startswith("baseline not finite")
+
+
+def test_update_refuses_non_finite_values(tmp_path: Path):
+    runs = runs_a([0.5, float("nan"), 0.5])
+    for r in runs["a"]:
+        r.environment = Environment(fingerprint={"id": "x"})
+    path = tmp_path / "regression.json"
+    with pytest.raises(HarnessError, match=r"not finite.*a map@r \(seed 1: nan\)"):
+        update(path, load_protocol("regression"), runs, [0, 1, 2], "why", partial=False)
+    assert not path.exists()
 
 
 def test_a_method_too_noisy_to_guard_is_named():
