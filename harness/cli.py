@@ -196,6 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.leaderboard import write_leaderboard
     from harness.method import METHODS
     from harness.protocol import load_protocol
+    from harness.results import result_paths
     from harness.runner import plan, sweep
 
     protocol = load_protocol(args.protocol)
@@ -254,10 +255,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         torch.distributed.destroy_process_group()
         if not here.is_main:  # rank 0 reports and writes the leaderboard
-            return 0 if counts.get("failed", 0) == 0 else 1
-    path = write_leaderboard(Path(args.results_dir))
-    print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: {path}")
-    return 0 if counts.get("failed", 0) == 0 else 1
+            return _sweep_status(counts)
+    # every run may have crashed before writing a first result: then there is no leaderboard
+    path = write_leaderboard(Path(args.results_dir)) if result_paths(args.results_dir) else None
+    print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: "
+          f"{path or 'none (no results yet)'}")  # fmt: skip
+    return _sweep_status(counts)
+
+
+def _sweep_status(counts: dict[str, int]) -> int:
+    """1 when a run failed (NaN, empty miner) or crashed (a Ray task that raised), else 0."""
+    return 1 if counts.get("failed", 0) + counts.get("error", 0) > 0 else 0
 
 
 def _join_torchrun(args: argparse.Namespace):  # -> harness.distributed.Dist

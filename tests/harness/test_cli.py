@@ -243,3 +243,37 @@ def test_validate_reports_each_bad_file(tmp_path: Path):
     assert proc.returncode == 2
     assert "ok" in proc.stdout and "did you mean 'embedding_dim'" in proc.stderr
     assert cli("validate").returncode == 0
+
+
+def test_a_crashed_ray_task_makes_the_sweep_exit_1(tmp_path: Path, monkeypatch, capsys):
+    """A task that raised is counted as `error` by the Ray engine's collector; the command
+    must not exit 0 as if every run had finished."""
+    import harness.engines
+
+    class CrashingRay:  # ray.wait / ray.get as the collector calls them; the task raised
+        def wait(self, refs, num_returns, timeout):
+            return refs[:1], refs[1:]
+
+        def get(self, ref):
+            raise RuntimeError("run crashed: ValueError")
+
+    class NoEpochs:
+        def qsize(self):
+            return 0
+
+    def sweep_ray(specs, *args, **kwargs):
+        counts: dict[str, int] = {}
+        pending = {f"task{i}": (spec, None) for i, spec in enumerate(specs)}
+        harness.engines._collect(CrashingRay(), pending, len(specs), counts, False, NoEpochs())
+        return counts
+
+    monkeypatch.setattr(harness.engines, "sweep_ray", sweep_ray)
+    args = ["-q", "run", "--protocol", "smoke", "--method", "contrastive", "--engine", "ray",
+            "--results-dir", str(tmp_path), "--max-steps", "2", "--seeds"]  # fmt: skip
+    # every task crashed: no results at all, so no leaderboard, and still exit 1 (not 2)
+    assert main([*args, "0"]) == 1
+    assert "error 1; leaderboard: none" in capsys.readouterr().out
+    # beside a finished result (seed 0, run locally), a crashed task still fails the sweep
+    assert main([*args[:-1], "--engine", "local", "--seeds", "0"]) == 0
+    assert main([*args, "0,1"]) == 1  # (this stand-in for Ray submits finished runs too)
+    assert f"runs: error 2; leaderboard: {tmp_path}" in capsys.readouterr().out
