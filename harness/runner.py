@@ -254,7 +254,20 @@ def _same_run(old: RunResult, new: RunResult, any_machine: bool = False) -> bool
         and old.method.version == new.method.version
         and old.method.hyperparameters == new.method.hyperparameters
         and old.training.max_steps == new.training.max_steps
+        and _weights_sha(old) == _weights_sha(new)
     )
+
+
+def _weights_sha(record: RunResult) -> str | None:
+    """The sha256 of the ImageNet weights file a run starts from (None: no file)."""
+    return (record.backbone_weights or {}).get("sha256")
+
+
+def _checkpoint_identity(record: RunResult, spec: RunSpec) -> str:
+    """What a checkpoint must match to be resumed: this very run, from this weights file."""
+    parts = [record.protocol.hash, record.method.to_json(), spec.seed, spec.max_steps]
+    sha = _weights_sha(record)
+    return json.dumps(parts + [sha] if sha else parts, sort_keys=True)  # old ones still resume
 
 
 TUNED_SUFFIX = "+tuned"
@@ -321,8 +334,10 @@ def _agree(decision: str) -> str:
 
 
 def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
-    """What a run is before it starts: protocol, method, seed, the sweep's seeds, budget."""
+    """What a run is before it starts: protocol, method, seed, the sweep's seeds, budget, the
+    weights file it starts from (with its sha256, so a changed file is another run)."""
     protocol = spec.parsed_protocol
+    weights_file = spec.weights or protocol.backbone.weights_file
     return RunResult(
         status="running",
         protocol=ProtocolInfo(protocol.name, protocol.version, protocol.hash, protocol.path,
@@ -333,7 +348,23 @@ def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
         sweep_seeds=list(spec.sweep_seeds if spec.sweep_seeds is not None else protocol.seeds),
         training=TrainingRecord(max_steps=spec.max_steps),
         tuning=spec.tuning,
+        backbone_weights=_hashed_weights(weights_file) if weights_file else None,
     )  # fmt: skip
+
+
+_WEIGHTS_SHA: dict[tuple[str, int, int], dict[str, str]] = {}
+
+
+def _hashed_weights(path: str) -> dict[str, str]:
+    """weights_record, hashed once per file version (a sweep asks for it once per run)."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return weights_record(path)  # its one-line error
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _WEIGHTS_SHA:
+        _WEIGHTS_SHA[key] = weights_record(path)
+    return dict(_WEIGHTS_SHA[key])
 
 
 def _now() -> str:
@@ -462,12 +493,8 @@ def _execute(
                      f"{spec.method} needs coarse labels; {protocol.dataset.name} has none",
                      write)  # fmt: skip
 
-    weights_file = spec.weights or protocol.backbone.weights_file
-    if weights_file:
-        record.backbone_weights = weights_record(weights_file)
     ckpt = checkpoint_path(results_dir, protocol.name, spec.run_name, spec.seed)
-    identity = json.dumps([record.protocol.hash, record.method.to_json(), spec.seed,
-                           spec.max_steps], sort_keys=True)  # fmt: skip
+    identity = _checkpoint_identity(record, spec)
     try:
         model, stats = train_model(
             protocol, spec.method, hyper, spec.seed, device, data, split.train,

@@ -87,3 +87,44 @@ def test_a_run_records_its_protocols_k_means_convention(tmp_path: Path):
     assert status == "ok" and {"nmi", "f1"} <= set(record["metrics"])
     assert record["clustering_convention"] == "faiss"
     assert record["protocol"]["content"]["evaluation"]["clustering"] == "faiss"
+
+
+def test_a_changed_weights_file_is_another_run_and_another_checkpoint(tmp_path, monkeypatch):
+    """--weights FILE: the file's sha256 is part of what makes a run "the same": a result or
+    a checkpoint made from other weights is neither skipped over nor resumed from."""
+    import dataclasses
+
+    import harness.runner as runner
+    from harness.train import TrainingFailed
+
+    weights = tmp_path / "imagenet.pth"
+    weights.write_bytes(b"weights A")
+    spec = RunSpec(protocol="smoke", method="contrastive", seed=0, results_dir=str(tmp_path))
+    status, path = execute(spec, progress=False)  # a finished result (conv4 takes no weights)
+    record = json.loads(path.read_text())
+    record["backbone_weights"] = {"file": str(weights), "sha256": sha256(b"weights A")}
+    path.write_text(json.dumps(record))  # as if made from file A
+    with_a = dataclasses.replace(spec, weights=str(weights))
+    assert execute(with_a, progress=False)[0] == "skipped"
+    identities = []
+
+    def record_identity(*args, identity: str, **kwargs):
+        identities.append(identity)
+        raise TrainingFailed("stopped by the test")
+
+    monkeypatch.setattr(runner, "train_model", record_identity)
+    weights.write_bytes(b"weights B, same name")
+    assert execute(with_a, progress=False)[0] == "failed"  # not skipped: trained (stand-in)
+    assert json.loads(path.read_text())["backbone_weights"]["sha256"] == sha256(
+        b"weights B, same name"
+    )
+    assert len(list((tmp_path / "archive").rglob("seed0-*.json"))) == 1  # A's result kept
+    weights.write_bytes(b"weights A")
+    execute(dataclasses.replace(with_a, force=True), progress=False)
+    assert len(identities) == 2 and identities[0] != identities[1]  # B's checkpoint is not A's
+
+
+def sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
