@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 import harness
 from harness import distributed
-from harness.backbones import weights_record
 from harness.data import DATASETS, LabelledImages, default_cache_dir
 from harness.devices import resolve_device
 from harness.errors import HarnessError
@@ -52,6 +51,7 @@ from harness.results import (
     run_lock,
     write_result,
 )
+from harness.run_identity import checkpoint_identity, hashed_weights, refuse_to_replace, weights_sha
 from harness.splits import Split, split_classes
 from harness.train import TrainingFailed, TrainStats, train
 
@@ -159,7 +159,7 @@ def plan(
             )
     _check_weights(protocol, options.get("weights"))
     asked = tuple(seeds if seeds is not None else protocol.seeds)
-    return [
+    specs = [
         RunSpec(
             protocol=protocol,
             method=m,
@@ -172,6 +172,11 @@ def plan(
         for m in methods
         for s in asked
     ]
+    for spec in specs:  # before any run, not half-way through the sweep
+        path = result_path(Path(spec.results_dir), protocol.name, spec.run_name, spec.seed)
+        if path.exists() and not spec.force:
+            refuse_to_replace(read_result(path), spec.max_steps, protocol.hash, path)
+    return specs
 
 
 @dataclass(frozen=True)
@@ -254,20 +259,8 @@ def _same_run(old: RunResult, new: RunResult, any_machine: bool = False) -> bool
         and old.method.version == new.method.version
         and old.method.hyperparameters == new.method.hyperparameters
         and old.training.max_steps == new.training.max_steps
-        and _weights_sha(old) == _weights_sha(new)
+        and weights_sha(old) == weights_sha(new)
     )
-
-
-def _weights_sha(record: RunResult) -> str | None:
-    """The sha256 of the ImageNet weights file a run starts from (None: no file)."""
-    return (record.backbone_weights or {}).get("sha256")
-
-
-def _checkpoint_identity(record: RunResult, spec: RunSpec) -> str:
-    """What a checkpoint must match to be resumed: this very run, from this weights file."""
-    parts = [record.protocol.hash, record.method.to_json(), spec.seed, spec.max_steps]
-    sha = _weights_sha(record)
-    return json.dumps(parts + [sha] if sha else parts, sort_keys=True)  # old ones still resume
 
 
 TUNED_SUFFIX = "+tuned"
@@ -318,8 +311,11 @@ def decide(
         log.warning("%s is being run by another process; skipping it here", path)
         return "running_elsewhere", path, record
     if path.exists():
-        if not spec.force and _same_run(read_result(path), record, any_machine):
+        old = read_result(path)
+        if not spec.force and _same_run(old, record, any_machine):
             return "skipped", path, record  # finished by another process meanwhile
+        if not spec.force:  # plan checked before the sweep; another process may have written
+            refuse_to_replace(old, spec.max_steps, spec.parsed_protocol.hash, path)
         log.info("archived the previous result to %s", archive(path, Path(spec.results_dir)))
     return None, path, record
 
@@ -348,23 +344,8 @@ def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
         sweep_seeds=list(spec.sweep_seeds if spec.sweep_seeds is not None else protocol.seeds),
         training=TrainingRecord(max_steps=spec.max_steps),
         tuning=spec.tuning,
-        backbone_weights=_hashed_weights(weights_file) if weights_file else None,
+        backbone_weights=hashed_weights(weights_file) if weights_file else None,
     )  # fmt: skip
-
-
-_WEIGHTS_SHA: dict[tuple[str, int, int], dict[str, str]] = {}
-
-
-def _hashed_weights(path: str) -> dict[str, str]:
-    """weights_record, hashed once per file version (a sweep asks for it once per run)."""
-    try:
-        stat = Path(path).stat()
-    except OSError:
-        return weights_record(path)  # its one-line error
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _WEIGHTS_SHA:
-        _WEIGHTS_SHA[key] = weights_record(path)
-    return dict(_WEIGHTS_SHA[key])
 
 
 def _now() -> str:
@@ -494,7 +475,7 @@ def _execute(
                      write)  # fmt: skip
 
     ckpt = checkpoint_path(results_dir, protocol.name, spec.run_name, spec.seed)
-    identity = _checkpoint_identity(record, spec)
+    identity = checkpoint_identity(record, spec.seed, spec.max_steps)
     try:
         model, stats = train_model(
             protocol, spec.method, hyper, spec.seed, device, data, split.train,

@@ -128,3 +128,34 @@ def sha256(data: bytes) -> str:
     import hashlib
 
     return hashlib.sha256(data).hexdigest()
+
+
+def test_a_smoke_run_does_not_replace_a_full_result_without_force(tmp_path: Path, capsys):
+    """--max-steps (or another protocol hash) over a finished full result: one line, before
+    any training, naming the way out; --force archives it; a full run may replace a capped one."""
+    from harness.cli import main
+
+    results = tmp_path / "results"
+    args = ["-q", "run", "--protocol", "smoke", "--method", "untrained,contrastive",
+            "--results-dir", str(results)]  # fmt: skip
+    assert main(args) == 0
+    path = results / "runs" / "smoke" / "contrastive" / "seed0.json"
+    full = path.read_text()
+    capsys.readouterr()
+    assert main([*args, "--max-steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step cap none -> 2" in err
+    assert "--results-dir" in err and "--force" in err
+    assert path.read_text() == full and not (results / "archive").exists()
+    assert not (results / "checkpoints").exists()  # refused before any run started
+    edited = tmp_path / "smoke.yaml"  # same name, so the same result paths; another hash
+    edited.write_text((Path(__file__).resolve().parents[2] / "protocols" / "smoke.yaml")
+                      .read_text().replace("lr: 0.001", "lr: 0.002"))  # fmt: skip
+    assert main([*args[:3], str(edited), *args[4:]]) == 2
+    assert "protocol hash" in capsys.readouterr().err and path.read_text() == full
+    # --force replaces it (archived), and a full run may then replace the capped result
+    assert main([*args, "--max-steps", "2", "--force"]) == 0
+    assert json.loads(path.read_text())["training"]["max_steps"] == 2
+    assert main(args) == 0
+    assert json.loads(path.read_text())["training"]["max_steps"] is None
+    assert len(list((results / "archive").rglob("contrastive/seed0-*.json"))) == 2
