@@ -21,7 +21,7 @@ from harness.fingerprint import describe
 from harness.metrics import UNBOUNDED_METRICS
 from harness.results import Environment, RunResult, load_results, parse_result
 from harness.stats import t_interval
-from harness.verdicts import against_best, per_seed, row_name
+from harness.verdicts import against_best, per_seed, row_names
 
 METRIC_ORDER = ("recall@", "precision@1", "r_precision", "map@r", "map", "nmi", "f1", "lda")
 
@@ -88,15 +88,19 @@ def _seeds_cell(runs: list[RunResult]) -> tuple[int | str, list[int]]:
 
 
 def _table(
-    runs: list[RunResult], ranked: bool = True, parts: bool = False
+    runs: list[RunResult], ranked: bool = True, parts: bool = False,
+    names: dict[int, str] | None = None,
 ) -> str:  # fmt: skip
     """One row per method (mean +- std over its seeds), best first unless not `ranked`; a row
     with unfinished seeds is marked and ranked below every complete row. With `parts`, one
-    row per method and part of a composite embedding, named `method / part`."""
+    row per method and part of a composite embedding, named `method / part`. `names`: each
+    run's row name (row_names; default: over `runs`)."""
     rows, by_name = [], {}
+    names = names or row_names(runs)
     for r in runs:
-        named = ([(f"{row_name(r)} / {part}", m) for part, m in (r.metrics_by_part or {}).items()]
-                 if parts else [(row_name(r), r.metrics or {})])  # fmt: skip
+        row = names[id(r)]
+        named = ([(f"{row} / {part}", m) for part, m in (r.metrics_by_part or {}).items()]
+                 if parts else [(row, r.metrics or {})])  # fmt: skip
         for name, metrics in named:
             rows.append(_row(r, name, metrics, timed=not parts))
             by_name.setdefault(name, []).append(r)
@@ -176,10 +180,11 @@ def _diagnostics_table(runs: list[RunResult]) -> str:
     """Method-specific numbers a result records (`diagnostics`, e.g. a learned metric's AUC
     on test pairs beside the Euclidean distance's), mean ± t-interval over seeds."""
     values: dict[str, dict[str, list[float]]] = {}
+    names = row_names(runs)
     for r in runs:
         for key, value in (getattr(r, "diagnostics", None) or {}).items():
             if r.ok and isinstance(value, (int, float)):
-                values.setdefault(row_name(r), {}).setdefault(key, []).append(float(value))
+                values.setdefault(names[id(r)], {}).setdefault(key, []).append(float(value))
     if not values:
         return ""
     rows = [{"method": name, **{k: _mean_std(pd.Series(v), 1, 3) for k, v in sorted(d.items())}}
@@ -193,7 +198,8 @@ def _parts_table(runs: list[RunResult]) -> str:
     """Each part of a composite embedding scored alone, one row per method and part, named
     `method / part`; empty when no run has parts."""
     with_parts = [r for r in runs if r.metrics_by_part]
-    return _table(with_parts, ranked=False, parts=True) if with_parts else ""
+    names = row_names(runs)  # the same row names as the main table
+    return _table(with_parts, ranked=False, parts=True, names=names) if with_parts else ""
 
 
 def _groups(runs: Iterable[RunResult]) -> dict[tuple[str, int, str, Any], list[RunResult]]:
@@ -223,11 +229,13 @@ def paper_comparison(runs: list[RunResult]) -> list[str]:
         return [*lines, f"(no published values for {paper['reference']} / {paper['dataset']})", ""]
     aliases = paper.get("methods") or {}
     rows = []
-    for method in sorted({r.method.name for r in runs}):
+    names = row_names(runs)  # one row per method version (and hyperparameters), never mixed
+    for row in sorted(set(names.values())):
+        mine = [r for r in runs if names[id(r)] == row]
+        method = mine[0].method.name
         theirs = published.get(aliases.get(method, method))
         if not theirs:
             continue
-        mine = [r for r in runs if r.method.name == method]
         finished, asked, missing = completeness(mine)
         partial = f" ({finished}/{asked} seeds, incomplete)" if missing else ""
         ok = [r for r in mine if r.ok]
@@ -235,8 +243,8 @@ def paper_comparison(runs: list[RunResult]) -> list[str]:
             ours = [100 * r.metrics[metric] for r in ok if metric in (r.metrics or {})]
             mean = sum(ours) / len(ours) if ours else None
             rows.append({
-                "method": (method if method == aliases.get(method, method)
-                           else f"{method} (paper: {aliases[method]})") + partial,
+                "method": (row if method == aliases.get(method, method)
+                           else f"{row} (paper: {aliases[method]})") + partial,
                 "metric": metric,
                 "ours (%)": "-" if mean is None else f"{mean:.1f}",
                 "paper (%)": f"{value:g}",

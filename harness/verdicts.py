@@ -5,6 +5,8 @@ significantly different from the best (tests against the best's seeds, Benjamini
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,12 +24,40 @@ def row_name(r: RunResult) -> str:
     return f"{r.method.name}+tuned" if r.tuning else r.method.name
 
 
+def hyperparameter_id(r: RunResult) -> str:
+    """Six hex digits that tell one run's hyperparameters from another's."""
+    text = json.dumps(r.method.hyperparameters, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def row_names(runs: Iterable[RunResult]) -> dict[int, str]:
+    """Each run's row (by id(run)): its `row_name`, unless runs of that name differ in method
+    version or hyperparameters: then each configuration is a row of its own, `name@v2` (and
+    `name@v2:1a2b3c` by the hyperparameters' id within one version), so results of different
+    code or settings are never averaged together."""
+    runs = list(runs)
+    configs: dict[str, set[tuple[int, str]]] = {}
+    for r in runs:
+        configs.setdefault(row_name(r), set()).add((r.method.version, hyperparameter_id(r)))
+    names = {}
+    for r in runs:
+        name, mixed = row_name(r), configs[row_name(r)]
+        if len(mixed) > 1:
+            name += f"@v{r.method.version}"
+            if sum(v == r.method.version for v, _ in mixed) > 1:
+                name += f":{hyperparameter_id(r)}"
+        names[id(r)] = name
+    return names
+
+
 def per_seed(runs: Iterable[RunResult], metric: str) -> dict[str, dict[int, float]]:
-    """row name -> {seed: value} over the finished runs that report `metric`."""
+    """row name (see row_names) -> {seed: value} over the finished runs that report `metric`."""
+    runs = list(runs)
+    names = row_names(runs)
     out: dict[str, dict[int, float]] = {}
     for r in runs:
         if r.ok and metric in (r.metrics or {}):
-            out.setdefault(row_name(r), {})[r.seed] = float(r.metrics[metric])
+            out.setdefault(names[id(r)], {})[r.seed] = float(r.metrics[metric])
     return out
 
 
@@ -80,11 +110,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if r.protocol.hash == protocol.hash and r.training.max_steps is None]  # fmt: skip
     values = per_seed(runs, metric)
     for name in (args.a, args.b):
+        split = sorted(n for n in values if n.startswith(f"{name}@"))
+        if name not in values and split:
+            raise HarnessError(
+                f"the {protocol.name} runs of {name!r} differ in method version or "
+                f"hyperparameters and are never averaged: compare one of {', '.join(split)}"
+            )
         if name not in values:
             raise HarnessError(
                 f"no finished {protocol.name} run of {name!r} reports {metric} under "
                 f"{args.results_dir} (protocol hash {protocol.hash}){closest(name, values)}; "
-                f"run `harness run --protocol {protocol.name} --method {name.split('+')[0]}` first"
+                f"run `harness run --protocol {protocol.name} --method {name.split('+')[0].split('@')[0]}` first"
             )
     a, b = values[args.a], values[args.b]
     print(f"{metric} on {protocol.name} (protocol v{protocol.version}, hash {protocol.hash})")

@@ -112,3 +112,37 @@ def test_compare_prints_difference_interval_and_p(tmp_path: Path, capsys):
                  "--results-dir", str(tmp_path)]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no finished smoke run of 'nope'" in err
+
+
+def _versioned(method: str, seed: int, value: float, version: int, hyper: dict, hash_="h1"):
+    record = _result(method, seed, value, hash_)
+    record["method"].update(version=version, hyperparameters=hyper)
+    return record
+
+
+def test_method_versions_and_hyperparameters_are_never_averaged(tmp_path: Path, capsys):
+    """Seed 0 of `a` made by version 1, seeds 1 and 2 by version 2 (and `b` at two margins):
+    each configuration is a row of its own in the leaderboard and in compare."""
+    runs = [_versioned("a", 0, 0.90, 1, {}), _versioned("a", 1, 0.50, 2, {}),
+            _versioned("a", 2, 0.60, 2, {})]  # fmt: skip
+    runs += [_versioned("b", s, 0.3, 1, {"margin": 0.5}) for s in (0, 1)]
+    runs += [_versioned("b", 2, 0.4, 1, {"margin": 1.0})]
+    runs += [_versioned("c", s, 0.2, 3, {"margin": 1.0}) for s in (0, 1)]  # one config: as is
+    rows = {line.split("|")[1].strip(): line for line in render(runs).splitlines()
+            if line.startswith("| ")}  # fmt: skip
+    assert "90.0" in rows["a@v1"] and "| 1 " in rows["a@v1"]
+    assert "55.0 ± " in rows["a@v2"] and "| 2 " in rows["a@v2"]
+    b_rows = sorted(n for n in rows if n.startswith("b@v1:"))
+    assert len(b_rows) == 2 and "a" not in rows and "b" not in rows and "c" in rows
+    smoke = load_protocol("smoke")
+    for record in runs[:3]:
+        record["protocol"]["hash"] = smoke.hash
+        path = tmp_path / "runs" / "smoke" / "a" / f"seed{record['seed']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+    args = ["compare", "--protocol", "smoke", "--results-dir", str(tmp_path)]
+    assert main([*args, "a", "a@v2"]) == 2
+    assert "never averaged: compare one of a@v1, a@v2" in capsys.readouterr().err
+    assert main([*args, "a@v2", "a@v1"]) == 0
+    out = capsys.readouterr().out
+    assert "a@v2: 55.00" in out and "(2 seeds: 1, 2)" in out and "a@v1: 90.00" in out
