@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.argtypes import int_list, nonnegative_int, positive_int
+from harness.argtypes import int_list, nonnegative_int, positive_int, seed_list
 from harness.cost import command as cost_command
 from harness.errors import HarnessError
 
@@ -120,7 +120,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--all", action="store_true", help="every registered method")
     which.add_argument("--method", help="NAME[,NAME...]")
     run.add_argument("--protocol", default="default", help="protocol name or YAML path")
-    run.add_argument("--seeds", type=int_list, help="override the protocol's seeds, e.g. 0,1,2")
+    run.add_argument("--seeds", type=seed_list, help="override the protocol's seeds, e.g. 0,1,2")
     run.add_argument("--data-root", help="folder holding the dataset's files")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     run.add_argument("--max-steps", type=positive_int, help="cap training steps (smoke runs)")

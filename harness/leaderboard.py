@@ -338,11 +338,9 @@ def tuning_section(results_dir: Path) -> str:
     """One row per tuning study (results/tuning/<protocol>/<method>.yaml): trials, folds, the
     validation objective of the best and of the paper-default configuration, the tuned
     hyperparameters, and the study's figure."""
-    import yaml
-
     rows = []
     for path in sorted(Path(results_dir).glob("tuning/*/*.yaml")):
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = _read_tuning(path)
         study = data.get("study") or {}
         changed = {k: v for k, v in (data.get("hyperparameters") or {}).items()
                    if k in (study.get("searched") or data.get("hyperparameters") or {})}  # fmt: skip
@@ -365,6 +363,41 @@ def tuning_section(results_dir: Path) -> str:
             "trials per method, Optuna TPE (seeded), each trial scored by the protocol's "
             "selection metric on validation classes (%), never on the test classes. `run "
             "--tuned` rows in the tables above use these configurations.\n\n" + table + "\n")  # fmt: skip
+
+
+def _read_tuning(path: Path) -> dict[str, Any]:
+    """A tuning file as the tuning section reads it, or a one-line error naming the file."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        problem = " ".join(str(exc).split())
+    else:
+        problem = _tuning_problem(data)
+    if problem:
+        raise HarnessError(
+            f"tuning file {path} is unreadable ({problem}); rerun `python -m harness tune` "
+            "for it, or move it out of the results folder"
+        )
+    return data
+
+
+def _tuning_problem(data: Any) -> str | None:
+    """What in a tuning file's YAML does not have the shape the tuning section reads."""
+    if not isinstance(data, dict):
+        return "not a mapping"
+    for key in ("study", "hyperparameters"):
+        if not isinstance(data.get(key) or {}, dict):
+            return f"{key}: not a mapping"
+    study = data.get("study") or {}
+    for key in ("best_value", "paper_default_value"):
+        value = study.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"study.{key}: not a number"
+    if not isinstance(study.get("searched") or {}, (dict, list)):
+        return "study.searched: not a mapping or list"
+    return None
 
 
 def _short(value: Any) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from harness.argtypes import seed_problem
 from harness.augment import AugmentationSpec
 from harness.errors import HarnessError
 from harness.metrics import KMEANS_CONVENTIONS, METRIC_NAMES
@@ -227,6 +228,8 @@ class Protocol:
         _check(self.version >= 1, "version must be >= 1")
         _check(self.embedding_dim >= 1, "embedding_dim must be >= 1")
         _check(len(self.seeds) > 0, "seeds must list at least one seed")
+        problem = seed_problem(self.seeds)
+        _check(problem is None, problem or "")
         _check(self.precision in ("fp32", "bf16", "fp16"),
                f"precision must be fp32, bf16 or fp16, got {self.precision!r}")  # fmt: skip
         try:

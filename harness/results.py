@@ -21,6 +21,7 @@ import platform
 import socket
 import subprocess
 import tempfile
+import types
 import typing
 import uuid
 from collections.abc import Iterator
@@ -101,11 +102,52 @@ class Record:
                     raise ResultFormatError(f"missing key {name!r}")
                 continue
             value, record = data[f.name], _record_type(hints[f.name])
-            kwargs[f.name] = (
-                record.from_json(value, name) if record and value is not None else value
-            )
+            if record and value is not None:
+                kwargs[f.name] = record.from_json(value, name)
+            else:
+                _check_type(value, hints[f.name], name)
+                kwargs[f.name] = value
         kwargs["extra"] = {k: v for k, v in data.items() if k not in known}
         return cls(**kwargs)
+
+
+def _check_type(value: Any, annotation: Any, name: str) -> None:
+    """Raise ResultFormatError unless a JSON value fits its field's annotation (int, float,
+    str, bool, lists and dicts of them, `| None`, Any), so that a hand-edited or damaged
+    file is refused by name here instead of failing later in a reader."""
+    problem = _problem(value, annotation, name)
+    if problem:
+        raise ResultFormatError(problem)
+
+
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+          list: "a list", dict: "a mapping"}  # fmt: skip
+
+
+def _problem(value: Any, annotation: Any, name: str) -> str | None:
+    """Where and how `value` does not fit `annotation` (None: it fits)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        problems = [_problem(value, a, name) for a in args if a is not type(None)]
+        return None if None in problems else problems[0]
+    expected = origin or annotation
+    if isinstance(expected, type) and issubclass(expected, Record):
+        expected = dict  # a record's own mapping is read by its from_json
+    fits = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
+    if expected is float:
+        fits = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not fits:
+        return f"{name}: expected {_NAMES.get(expected, expected.__name__)}, got {value!r:.40}"
+    items = enumerate(value) if origin is list else value.items() if origin is dict else ()
+    for key, item in items:
+        problem = _problem(item, args[-1], f"{name}[{key!r}]")
+        if problem:
+            return problem
+    return None
 
 
 def _record_type(annotation: Any) -> type[Record] | None:
@@ -233,7 +275,7 @@ class RunResult(Record):
     # k-means convention of nmi and f1 ("harness" or "faiss"); see `kmeans_convention`
     clustering_convention: str | None = optional()
     diagnostics: dict[str, float] | None = optional()  # Method.diagnostics (absent: none)
-    timings: dict[str, float] | None = optional()
+    timings: dict[str, Any] | None = optional()  # seconds, rates, and the pipeline's settings
     tuples: TupleCounts | None = optional()
     selection: Selection | None = optional()
     retrieval: dict[str, Any] | None = optional()
@@ -311,7 +353,10 @@ def parse_result(data: Any, source: str) -> RunResult:
             f"{', '.join(map(str, READABLE_SCHEMAS))}); delete or move it"
         )
     try:
-        return RunResult.from_json(data)
+        result = RunResult.from_json(data)
+        if result.ok and result.metrics is None:
+            raise ResultFormatError("status ok without metrics")
+        return result
     except ResultFormatError as exc:
         raise HarnessError(
             f"result file {source} is a malformed schema-{schema} run result ({exc}); delete or "

@@ -4,6 +4,8 @@ through the CLI's main(); tests/harness/test_cli.py checks a few of them as real
 
 from __future__ import annotations
 
+import json
+import shutil
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -101,6 +103,41 @@ def corrupt_results(tmp: Path) -> list[str]:
     return ["leaderboard", "--results-dir", str(tmp / "r")]
 
 
+def malformed_result(change: Callable[[dict], None], command: str = "leaderboard"):
+    """A finished smoke result, then one field damaged by hand."""
+
+    def args(tmp: Path) -> list[str]:
+        results = tmp / "r"
+        assert main(["-q", "run", "--protocol", "smoke", "--method", "contrastive",
+                     "--max-steps", "1", "--results-dir", str(results)]) == 0  # fmt: skip
+        path = results / "runs" / "smoke" / "contrastive" / "seed0.json"
+        record = json.loads(path.read_text())
+        change(record)
+        path.write_text(json.dumps(record))
+        if command == "compare":
+            return ["compare", "contrastive", "contrastive", "--protocol", "smoke",
+                    "--results-dir", str(results)]  # fmt: skip
+        return ["leaderboard", "--results-dir", str(results)]
+
+    return args
+
+
+def smoke_seeds(seeds: str):
+    return lambda tmp: ["run", "--all", "--protocol", "smoke", "--seeds", seeds,
+                        "--results-dir", str(tmp / "results")]  # fmt: skip
+
+
+def bad_tuning(text: str):
+    def args(tmp: Path) -> list[str]:
+        shutil.copytree(REPO / "results" / "runs" / "default" / "untrained",
+                        tmp / "r" / "runs" / "default" / "untrained")  # fmt: skip
+        (tmp / "r" / "tuning" / "tuning").mkdir(parents=True)
+        (tmp / "r" / "tuning" / "tuning" / "contrastive.yaml").write_text(text)
+        return ["leaderboard", "--results-dir", str(tmp / "r")]
+
+    return args
+
+
 def empty_results(tmp: Path) -> list[str]:
     (tmp / "empty").mkdir()
     return ["leaderboard", "--results-dir", str(tmp / "empty")]
@@ -152,6 +189,13 @@ CASES = {
     # results
     "unreadable results file": (corrupt_results, "unreadable result file"),
     "leaderboard over empty folder": (empty_results, "no run results"),
+    "result training null": (malformed_result(lambda d: d.update(training=None)), "seed0.json is a malformed schema-2 run result (training: expected a mapping"),
+    "result metrics a string": (malformed_result(lambda d: d.update(metrics="oops")), "(metrics: expected a mapping, got 'oops')"),
+    "result metric null": (malformed_result(lambda d: d["metrics"].update({"map@r": None})), "metrics['map@r']: expected a number, got None"),
+    "result seed a string": (malformed_result(lambda d: d.update(seed="1"), "compare"), "seed: expected an integer, got '1'"),
+    "result ok without metrics": (malformed_result(lambda d: d.pop("metrics"), "compare"), "status ok without metrics"),
+    "tuning file not YAML": (bad_tuning("study: [unclosed\n"), "contrastive.yaml is unreadable"),
+    "tuning study not a mapping": (bad_tuning("study: 3\n"), "contrastive.yaml is unreadable (study: not a mapping)"),
     # evaluate
     "mismatched counts": (arrays(e=E, l=np.array([0, 0, 1])), "4"),
     "NaN in embeddings": (arrays(e=np.array([[0.0, np.nan], [1, 1], [2, 2], [3, 3]], dtype=np.float32), l=L), "NaN"),
@@ -163,6 +207,12 @@ CASES = {
     "not an npy file": (lambda tmp: (tmp / "e.npy").write_text("hello") and ["evaluate", "--embeddings", str(tmp / "e.npy"), "--labels", str(tmp / "e.npy")], "not a readable .npy"),
     # flags
     "seeds not integers": (fixed("run", "--all", "--seeds", "0,one"), "comma-separated integers"),
+    "seed negative": (smoke_seeds("0,-1"), "integers from 0 to 4294967295, got -1"),
+    "seed too large": (smoke_seeds(str(2**32)), "got 4294967296"),
+    "seeds empty": (smoke_seeds(","), "at least one seed"),
+    "seed twice": (smoke_seeds("0,1,0"), "seed 0 is listed twice"),
+    "protocol seed negative": (run_with(setkey("seeds", [0, -3])), "seeds must be integers from 0"),
+    "protocol seed twice": (run_with(setkey("seeds", [2, 2])), "seed 2 is listed twice"),
     "max steps zero": (fixed("run", "--all", "--max-steps", "0"), "positive integer"),
     "cuda without a GPU": (fixed("run", "--all", "--protocol", "smoke", "--device", "cuda"), "no CUDA GPU"),
     "unknown command": (fixed("trian"), "invalid choice"),
