@@ -19,7 +19,7 @@ from harness.cost import cost_section
 from harness.errors import HarnessError
 from harness.fingerprint import describe
 from harness.metrics import UNBOUNDED_METRICS
-from harness.results import Environment, RunResult, load_results, parse_result
+from harness.results import Environment, RunResult, load_results, parse_result, write_text_atomic
 from harness.stats import t_interval
 from harness.verdicts import against_best, per_seed, row_names
 
@@ -413,7 +413,5 @@ def write_leaderboard(results_dir: Path) -> Path:
     path = Path(results_dir) / "LEADERBOARD.md"
     text = (render(runs) + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, text)  # a unique temporary file: two writers never share one
     return path

@@ -316,18 +316,31 @@ def result_path(results_dir: Path, protocol: str, method: str, seed: int) -> Pat
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write to a unique temporary file in the same folder, then rename: readers see the old
     file or the new one, never half of one, and two writers never share a temporary file."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`text` to `path` by a unique temporary file and a rename (see write_json_atomic); the
+    file gets the mode a plain open() would give it (0o666 less the umask), not mkstemp's 0o600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_result(path: Path, result: RunResult) -> None:

@@ -2,8 +2,10 @@ import ast
 import dataclasses
 import io
 import json
+import os
 import pickle
 import re
+import stat
 import tokenize
 from pathlib import Path
 
@@ -321,3 +323,24 @@ def test_a_sweep_of_specs_by_path_parses_each_protocol_once(monkeypatch):
     assert calls == ["smoke"]
     assert len({id(s.protocol) for s in resolved}) == 1
     assert [s.hyperparameters for s in resolved[::2]] == [{"margin": 1.0}, {"margin": 0.2}]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_result_files_get_the_umasks_mode_not_0600(tmp_path: Path, umask: int):
+    previous = os.umask(umask)
+    try:
+        write_json_atomic(tmp_path / "seed0.json", {"a": 1})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "seed0.json").stat().st_mode) == 0o666 & ~umask
+
+
+def test_leaderboard_writers_never_share_a_temporary_file(tmp_path: Path):
+    """Two `leaderboard` processes at once: each writes its own temporary file (a fixed
+    name let one rename the other's away). Stand-in: the fixed name is taken."""
+    path = tmp_path / "runs" / "p" / "a" / "seed0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(run("a", 0, 0.5)))
+    (tmp_path / "LEADERBOARD.md.tmp").mkdir()  # another writer's, in the way
+    assert write_leaderboard(tmp_path).read_text().startswith("# Leaderboard")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["LEADERBOARD.md"]
