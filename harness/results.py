@@ -18,14 +18,11 @@ import dataclasses
 import json
 import os
 import platform
-import socket
 import subprocess
 import tempfile
 import types
 import typing
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -403,37 +400,6 @@ def archive(path: Path, results_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     path.replace(target)
     return target
-
-
-@contextmanager
-def run_lock(path: Path) -> Iterator[bool]:
-    """An exclusive lock file next to the result: yields False if a live process holds it,
-    so two sweeps sharing a results folder never run (or write) the same run at once."""
-    lock = path.with_name(path.stem + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().split()[0])
-                os.kill(pid, 0)  # raises if that process is gone
-                yield False
-                return
-            except (ValueError, IndexError, ProcessLookupError, FileNotFoundError):
-                lock.unlink(missing_ok=True)  # stale: its owner died (kill -9)
-                continue
-            except PermissionError:
-                yield False
-                return
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
-        try:
-            yield True
-        finally:
-            lock.unlink(missing_ok=True)
-        return
-    yield False
 
 
 def _git(*args: str) -> str:

@@ -30,6 +30,7 @@ from harness.data import DATASETS, LabelledImages, default_cache_dir
 from harness.devices import resolve_device
 from harness.errors import HarnessError
 from harness.evaluate import evaluate, retrieval_record, selection_score
+from harness.locks import run_lock
 from harness.method import METHODS, MethodSpec, protocol_hyperparameters
 from harness.model import Model, build_model
 from harness.protocol import Protocol, load_protocol
@@ -48,7 +49,6 @@ from harness.results import (
     machine_id,
     read_result,
     result_path,
-    run_lock,
     write_result,
 )
 from harness.run_identity import checkpoint_identity, hashed_weights, refuse_to_replace, weights_sha

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,6 +113,6 @@ def test_a_run_locked_by_a_live_process_is_left_alone(tmp_path: Path):
     lock.write_text(f"{os.getpid()} here\n")  # this very process: alive
     spec = RunSpec(protocol="smoke", method="untrained", seed=0, results_dir=str(tmp_path / "r"))
     assert execute(spec, progress=False)[0] == "running_elsewhere"
-    lock.write_text("999999999 gone\n")  # a dead owner (kill -9): the lock is stale
+    lock.write_text(f"999999999 {socket.gethostname()}\n")  # a dead owner here (kill -9): stale
     assert execute(spec, progress=False)[0] == "ok"
     assert not lock.exists()
