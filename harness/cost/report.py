@@ -47,6 +47,15 @@ def read_cost(path: Path) -> dict[str, Any]:
         or data.get("schema") != COST_SCHEMA
     ):
         raise HarnessError(f"{path} is not a schema-{COST_SCHEMA} cost file; delete or move it")
+    rows = "methods" if data["kind"] == "cost" else "rows"
+    shape = {"protocol": dict, "settings": dict, rows: list}
+    wrong = [key for key, kind in shape.items() if not isinstance(data.get(key), kind)]
+    wrong += [f"protocol.{key}" for key in ("name", "version", "hash")
+              if "protocol" not in wrong and key not in data["protocol"]]  # fmt: skip
+    if wrong or not all(isinstance(row, dict) for row in data[rows]):
+        raise HarnessError(f"malformed cost file {path} ({', '.join(wrong) or rows}: missing "
+                           "or of the wrong type); delete it or rerun `python -m harness "
+                           "cost`")  # fmt: skip
     return data
 
 

@@ -138,6 +138,21 @@ def bad_tuning(text: str):
     return args
 
 
+def bad_cost(change: Callable[[dict], None]):
+    """The committed default cost record, one field damaged, beside a result."""
+
+    def args(tmp: Path) -> list[str]:
+        shutil.copytree(REPO / "results" / "runs" / "default" / "untrained",
+                        tmp / "r" / "runs" / "default" / "untrained")  # fmt: skip
+        record = json.loads((REPO / "results" / "cost" / "default.json").read_text())
+        change(record)
+        (tmp / "r" / "cost").mkdir()
+        (tmp / "r" / "cost" / "default.json").write_text(json.dumps(record))
+        return ["leaderboard", "--results-dir", str(tmp / "r")]
+
+    return args
+
+
 def empty_results(tmp: Path) -> list[str]:
     (tmp / "empty").mkdir()
     return ["leaderboard", "--results-dir", str(tmp / "empty")]
@@ -194,6 +209,8 @@ CASES = {
     "result metric null": (malformed_result(lambda d: d["metrics"].update({"map@r": None})), "metrics['map@r']: expected a number, got None"),
     "result seed a string": (malformed_result(lambda d: d.update(seed="1"), "compare"), "seed: expected an integer, got '1'"),
     "result ok without metrics": (malformed_result(lambda d: d.pop("metrics"), "compare"), "status ok without metrics"),
+    "cost protocol not a mapping": (bad_cost(lambda d: d.update(protocol=3)), "default.json (protocol: missing or of the wrong type)"),
+    "cost methods not a list": (bad_cost(lambda d: d.update(methods={"a": 1})), "default.json (methods: missing or of the wrong type)"),
     "tuning file not YAML": (bad_tuning("study: [unclosed\n"), "contrastive.yaml is unreadable"),
     "tuning study not a mapping": (bad_tuning("study: 3\n"), "contrastive.yaml is unreadable (study: not a mapping)"),
     # evaluate
