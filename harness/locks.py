@@ -58,6 +58,14 @@ def _link_lock(lock: Path, content: str) -> bool:
         return True
     except FileExistsError:
         return False
+    except OSError:  # a file system without hard links: exclusive create, then write
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as handle:
+            handle.write(content)
+        return True
     finally:
         os.unlink(tmp)
 

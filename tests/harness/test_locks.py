@@ -78,3 +78,16 @@ def test_racing_processes_never_hold_one_lock_together(tmp_path: Path):
         assert most == 1 and held >= 1, (trial, held, most)  # one at a time
         assert not (tmp_path / f"seed{trial}.lock").exists()
     assert not [p.name for p in tmp_path.iterdir()]  # no temporary or set-aside files left
+
+
+def test_a_file_system_without_hard_links_still_locks(tmp_path: Path, monkeypatch):
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")  # e.g. some network shares
+
+    monkeypatch.setattr(os, "link", no_links)
+    result, lock = tmp_path / "seed0.json", tmp_path / "seed0.lock"
+    with run_lock(result) as got:
+        assert got and lock.read_text().split()[:2] == [str(os.getpid()), HOST]
+        with run_lock(result) as again:
+            assert not again
+    assert [p.name for p in tmp_path.iterdir()] == []
