@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import types
 import typing
@@ -114,8 +115,8 @@ class OptimizerSpec:
 
     def __post_init__(self) -> None:
         _check(self.name in ("adam", "adamw", "sgd"), "optimizer name must be adam, adamw or sgd")
-        _check(self.lr > 0, "lr must be positive")
-        _check(self.weight_decay >= 0, "weight_decay must be >= 0")
+        _check(0 < self.lr < math.inf, "lr must be positive and finite")
+        _check(0 <= self.weight_decay < math.inf, "weight_decay must be >= 0 and finite")
         _check(0 <= self.momentum < 1, "momentum must be in [0, 1)")
 
 
@@ -128,6 +129,8 @@ class ScheduleSpec:
     def __post_init__(self) -> None:
         _check(self.name in ("constant", "step", "cosine"), "schedule must be constant/step/cosine")
         _check(self.name != "step" or self.step_epochs > 0, "a step schedule needs step_epochs > 0")
+        _check(self.step_epochs >= 0, "step_epochs must be >= 0")
+        _check(0 < self.gamma <= 1, "gamma (the step schedule's lr factor) must be in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,8 @@ class EvaluationSpec:
             f" {self.clustering!r}{closest(self.clustering, KMEANS_CONVENTIONS)}",
         )
         _check(len(self.recall_ks) > 0 and min(self.recall_ks) >= 1, "recall_ks must be >= 1")
+        _check(len(set(self.recall_ks)) == len(self.recall_ks), "recall_ks has a repeated k")
+        _check(len(self.metrics) > 0, "metrics is empty: name at least one (or leave it out: all)")
         _check(self.batch_size >= 1, "batch_size must be >= 1")
         _check(self.scorer_mode in ("exact", "rerank"), "scorer_mode must be exact or rerank")
         _check(self.rerank_top >= 1, "rerank_top must be >= 1")

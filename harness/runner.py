@@ -149,7 +149,8 @@ def plan(
         from harness.tune import load_overlay
 
         for name in methods:
-            overlay = load_overlay(options.get("results_dir", "results"), protocol, name)
+            overlay = load_overlay(options.get("results_dir", "results"), protocol, name,
+                                   options.get("max_steps"))  # fmt: skip
             hyper[name] = METHODS.get(name).hyperparameters(overlay["hyperparameters"])
             tuning[name] = {**overlay["study"], "overlay": overlay["path"]}
     for name in protocol.methods:

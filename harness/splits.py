@@ -64,11 +64,12 @@ def split_classes(data: LabelledImages, spec: SplitSpec) -> Split:
     n = len(present)
     n_train = int(round(n * spec.train_fraction))
     n_val = int(round(n_train * spec.validation_fraction))
-    if n_train - n_val < 2 or n - n_train < 2:
+    if n_train - n_val < 2 or n - n_train < 2 or (spec.validation_fraction and n_val < 2):
         raise HarnessError(
             f"the dataset has {n} classes: too few for a split with train_fraction "
             f"{spec.train_fraction} and validation_fraction {spec.validation_fraction}; "
-            "each part needs at least 2 classes"
+            "each part needs at least 2 classes (retrieval on one class scores 1.0 whatever "
+            "the model)"
         )
     parts = {
         "train": present[: n_train - n_val],
@@ -127,7 +128,8 @@ def split_official(data: LabelledImages, spec: SplitSpec) -> Split:
             "and test; the lists are damaged or mixed from two releases"
         )
     n_val = int(round(len(train_classes) * spec.validation_fraction))
-    if len(train_classes) - n_val < 2 or len(test_classes) < 2:
+    too_few_val = spec.validation_fraction and n_val < 2
+    if len(train_classes) - n_val < 2 or len(test_classes) < 2 or too_few_val:
         raise HarnessError(
             f"the official split has {len(train_classes)} train and {len(test_classes)} test "
             f"classes: too few with validation_fraction {spec.validation_fraction}; each part "

@@ -152,7 +152,7 @@ def tune_method(
     spec = METHODS.get(method)
     base = protocol_hyperparameters(protocol, method)
     storage = storage or default_storage(results_dir, protocol.name)
-    study = open_study(protocol, method, spec.version, folds, storage, sampler_seed)
+    study = open_study(protocol, method, spec.version, folds, storage, sampler_seed, max_steps)
     if not study.trials and spec.search:  # the paper's configuration is always tried
         study.enqueue_trial({k: base[k] for k in spec.search})
     trainer = Trainer(protocol, method, folds, data_root, device, max_steps)
@@ -169,19 +169,24 @@ def tune_method(
         study.optimize(objective(trainer, base, spec.search), n_trials=trials - done, catch=(),
                        show_progress_bar=progress,
                        callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
-    return write_overlay(study, protocol, method, spec.version, base, folds, storage, results_dir)
+    return write_overlay(study, protocol, method, spec.version, base, folds, storage, results_dir,
+                         max_steps)  # fmt: skip
 
 
 def open_study(
-    protocol: Protocol, method: str, version: int, folds: int, storage: str, sampler_seed: int
-) -> Any:
-    """The method's study in `storage` (created or loaded), with its seeded TPE sampler."""
+    protocol: Protocol, method: str, version: int, folds: int, storage: str, sampler_seed: int,
+    max_steps: int | None = None,
+) -> Any:  # fmt: skip
+    """The method's study in `storage` (created or loaded), with its seeded TPE sampler; a
+    study of capped trials (--max-steps) is another study, never resumed as a full one."""
     import optuna
 
     if storage.startswith("sqlite:///"):
         Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = f"{protocol.name}@{protocol.hash}/{method}@v{version}/folds{folds}"
+    if max_steps:
+        name += f"/max_steps{max_steps}"
     study = optuna.create_study(
         study_name=name, storage=storage, load_if_exists=True, direction="maximize",
         pruner=optuna.pruners.MedianPruner(**PRUNER),
@@ -229,8 +234,10 @@ def write_overlay(
     folds: int,
     storage: str,
     results_dir: str | Path,
+    max_steps: int | None = None,
 ) -> Path:
-    """The study's best configuration as a protocol overlay, and its figure."""
+    """The study's best configuration as a protocol overlay, and its figure (a capped study's
+    overlay says so, and `run --tuned` refuses it)."""
     import optuna
 
     COMPLETE, PRUNED = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED  # noqa: N806
@@ -261,7 +268,7 @@ def write_overlay(
             "best_trial": best.number, "best_value": round(float(best.value), 6),
             "paper_default_value": _default_value(complete, base),
             "figure": figure.name,
-        },
+        } | ({"max_steps": max_steps} if max_steps else {}),
     }  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".yaml.tmp")
@@ -325,9 +332,12 @@ def study_figure(trials: list[Any], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def load_overlay(results_dir: str | Path, protocol: Protocol, method: str) -> dict[str, Any]:
-    """The tuned configuration of `method` under `protocol`; a clear error when there is none
-    or it was tuned under another version of the protocol or method."""
+def load_overlay(
+    results_dir: str | Path, protocol: Protocol, method: str, max_steps: int | None = None
+) -> dict[str, Any]:
+    """The tuned configuration of `method` under `protocol`; a clear error when there is none,
+    it was tuned under another version of the protocol or method, or its trials were capped
+    (--max-steps) and this run (`max_steps`) is not."""
     path = overlay_path(results_dir, protocol.name, method)
     if not path.is_file():
         raise HarnessError(f"no tuned configuration for {method} under {protocol.name} ({path}); "
@@ -339,6 +349,10 @@ def load_overlay(results_dir: str | Path, protocol: Protocol, method: str) -> di
     if data.get("method_version") != METHODS.get(method).version:
         raise HarnessError(f"{path} was tuned for {method} v{data.get('method_version')}; "
                            f"it is now v{METHODS.get(method).version}: tune again")  # fmt: skip
+    capped = (data.get("study") or {}).get("max_steps")
+    if capped and not max_steps:
+        raise HarnessError(f"{path} comes from trials capped at --max-steps {capped} (a smoke "
+                           "study) and this run is not capped: tune again without --max-steps")  # fmt: skip
     data["path"] = str(path)
     return data
 

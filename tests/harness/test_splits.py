@@ -19,16 +19,19 @@ def dataset(counts: list[int]) -> LabelledImages:
 
 
 def test_split_is_class_disjoint_and_sorted():
-    data = dataset([5] * 10)
+    data = dataset([5] * 20)
     split = split_classes(data, SplitSpec(train_fraction=0.5, validation_fraction=0.2))
-    assert split.train_classes == ["c000", "c001", "c002", "c003"]
-    assert split.validation_classes == ["c004"]
-    assert split.test_classes == ["c005", "c006", "c007", "c008", "c009"]
+    assert split.train_classes == [f"c{c:03d}" for c in range(8)]
+    assert split.validation_classes == ["c008", "c009"]
+    assert split.test_classes == [f"c{c:03d}" for c in range(10, 20)]
     parts = [set(data.labels[i]) for i in (split.train, split.validation, split.test)]
     assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
-    assert len(split.train) + len(split.validation) + len(split.test) == 50
+    assert len(split.train) + len(split.validation) + len(split.test) == 100
     other = split_classes(data, SplitSpec(train_fraction=0.6))
     assert other.hash != split.hash
+    # one validation class would score map@r 1.0 whatever the model: selection by nothing
+    with pytest.raises(HarnessError, match="each part needs at least 2 classes"):
+        split_classes(dataset([5] * 10), SplitSpec(train_fraction=0.5, validation_fraction=0.2))
 
 
 def test_disjointness_check_catches_a_leak():

@@ -91,6 +91,10 @@ def test_tune_never_embeds_the_test_split_and_run_tuned_applies_it(learning_val,
     assert "| contrastive+tuned" in board
     assert "## Tuning" in board and "(tuning/learning_val/contrastive.png)" in board
     assert f"margin={overlay['hyperparameters']['margin']:.3g}" in board
+    assert overlay["study"]["max_steps"] == 30  # a capped study: not for a full run
+    assert main(["-q", "run", "--protocol", learning_val, "--method", "contrastive", "--tuned",
+                 "--results-dir", str(results)]) == 2  # fmt: skip
+    assert "capped at --max-steps 30" in capsys.readouterr().err
     assert main(["-q", "run", "--protocol", learning_val, "--method", "triplet", "--tuned",
                  "--results-dir", str(results)]) == 2  # fmt: skip
     assert "no tuned configuration for triplet" in capsys.readouterr().err
@@ -128,6 +132,11 @@ def test_an_interrupted_study_resumes_to_exactly_n_trials(learning_val, tmp_path
     assert overlay["study"]["storage"] == "sqlite:///<results-dir>/tuning/learning_val/studies.db"
     best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert overlay["hyperparameters"]["margin"] == best.params["margin"]
+    assert "max_steps" not in overlay["study"]
+    # capped trials are another study: never resumed as, or mistaken for, the full one
+    assert main([*args, "--max-steps", "3"]) == 0 and len(calls) == 11
+    overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
+    assert overlay["study"]["max_steps"] == 3 and overlay["study"]["name"].endswith("/max_steps3")
 
 
 def test_tune_with_folds_averages_over_them(learning_val, tmp_path, monkeypatch):

@@ -59,10 +59,12 @@ def test_cub200_labels_official_split_and_fraction_split_agree(archives):
 
 def test_official_split_carves_validation_from_the_last_training_classes(archives):
     data = load(archives, "cub200")
-    split = split_classes(data, SplitSpec(official=True, validation_fraction=0.2))
-    assert split.validation_classes == ["005.Bird_5"]  # round(5 * 0.2) = 1, the last one
-    assert split.train_classes == [f"{c:03d}.Bird_{c}" for c in (1, 2, 3, 4)]
-    assert len(split.train) == 12 and len(split.validation) == 3 and len(split.test) == 12
+    split = split_classes(data, SplitSpec(official=True, validation_fraction=0.4))
+    assert split.validation_classes == ["004.Bird_4", "005.Bird_5"]  # round(5 * 0.4), the last
+    assert split.train_classes == [f"{c:03d}.Bird_{c}" for c in (1, 2, 3)]
+    assert len(split.train) == 9 and len(split.validation) == 6 and len(split.test) == 12
+    with pytest.raises(HarnessError, match="each part needs at least 2 classes"):
+        split_classes(data, SplitSpec(official=True, validation_fraction=0.2))  # 1 class
 
 
 def test_bounding_box_crop(archives):
