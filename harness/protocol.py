@@ -232,8 +232,7 @@ class Protocol:
         _check(self.schema == SCHEMA_VERSION, f"schema must be {SCHEMA_VERSION}")
         _check(self.version >= 1, "version must be >= 1")
         _check(self.embedding_dim >= 1, "embedding_dim must be >= 1")
-        _check(len(self.seeds) > 0, "seeds must list at least one seed")
-        problem = seed_problem(self.seeds)
+        problem = seed_problem(self.seeds)  # at least one, each in [0, 2**32), none twice
         _check(problem is None, problem or "")
         _check(self.precision in ("fp32", "bf16", "fp16"),
                f"precision must be fp32, bf16 or fp16, got {self.precision!r}")  # fmt: skip

@@ -79,6 +79,7 @@ def measure_pipeline(
     from harness.results import environment
     from harness.runner import contiguous, decoded_by, prepare_data
     from harness.sampler import PKSampler
+    from harness.timing import PhaseTimer
 
     started = time.perf_counter()
     prepared = prepare_data(protocol, data_root)
@@ -96,16 +97,17 @@ def measure_pipeline(
     sizes = {w: whole_waves(batches, w) for w in counts}
     keys = [(n, sampler.next_batch()) for n in range(WARMUP_BATCHES + max(sizes.values()))]
     feeders = {w: Feeder(images, augment, w, device.type == "cuda") for w in counts}
+    clock = PhaseTimer(device)  # its now() waits for the torch decoder's queued kernels
     try:
         for feeder in feeders.values():  # worker start-up, first decodes: not timed
             sum(1 for _ in feeder.batches(keys[:WARMUP_BATCHES]))
         rates: dict[int, list[float]] = {w: [] for w in counts}
         for _ in range(ROUNDS):  # alternated, so a slow spell of the machine hits every count
             for w, feeder in feeders.items():
-                begin = _now(device)
+                begin = clock.now()
                 timed = keys[WARMUP_BATCHES : WARMUP_BATCHES + sizes[w]]
                 n = sum(len(x) for _, _, x in feeder.batches(timed))
-                rates[w].append(round(n / (_now(device) - begin), 1))
+                rates[w].append(round(n / (clock.now() - begin), 1))
     finally:
         for feeder in feeders.values():
             feeder.close()
@@ -136,15 +138,6 @@ def whole_waves(batches: int, workers: int) -> int:
     so a partial last wave would understate a large count's images per second."""
     w = max(1, workers)
     return -(-batches // w) * w
-
-
-def _now(device: Any) -> float:
-    """Wall time once the device has finished what was queued (the torch decoder's kernels)."""
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def _data_wait(
