@@ -20,6 +20,7 @@ that for every registered method):
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 from collections.abc import Iterable
 
@@ -63,6 +64,12 @@ class Dist:
 SINGLE = Dist()
 
 
+# How long a rank waits in a collective. Rank 0 alone evaluates and writes each run while the
+# other ranks already wait for the next run of a sweep; NCCL's default (10 minutes) would abort
+# a long evaluation (a learned scorer, SOP on the CPU) and lose the run's last epoch.
+COLLECTIVE_TIMEOUT = datetime.timedelta(hours=4)
+
+
 def launched() -> bool:
     """Whether torchrun (or another launcher of torch.distributed) started this process."""
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
@@ -74,7 +81,7 @@ def init_from_env(device: torch.device) -> Dist:
         return SINGLE
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
     return current()
 
 
@@ -130,16 +137,18 @@ def gather_embedded(out: Embedded) -> Embedded:
 
 class SyncBatchNorm(nn.BatchNorm2d):
     """BatchNorm over the whole distributed batch, on any backend; the same state_dict keys
-    as nn.BatchNorm1d/2d, so checkpoints move between one process and several."""
+    as nn.BatchNorm1d/2d, so checkpoints move between one process and several. Statistics are
+    summed in float32 whatever autocast does (CPU autocast would sum fp16 and overflow)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
-            return super().forward(x)
+            return self._after(super().forward(x))
         dims = [0] + list(range(2, x.dim()))
         shape = [1, -1] + [1] * (x.dim() - 2)
         count = x.numel() // x.shape[1] * dist.get_world_size()
-        mean = _AllReduce.apply(x.sum(dims)) / count
-        centred = x - mean.view(shape)
+        xf = x.float()
+        mean = _AllReduce.apply(xf.sum(dims)) / count
+        centred = xf - mean.view(shape)
         var = _AllReduce.apply(centred.pow(2).sum(dims)) / count
         if self.track_running_stats:
             with torch.no_grad():
@@ -154,11 +163,44 @@ class SyncBatchNorm(nn.BatchNorm2d):
         y = centred * torch.rsqrt(var + self.eps).view(shape)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
+        return self._after(y.to(x.dtype))
+
+    def _after(self, y: torch.Tensor) -> torch.Tensor:
         return y
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
         if x.dim() < 2:
             raise ValueError(f"expected at least 2-D input (got {x.dim()}-D)")
+
+
+class SyncBatchNormAct(SyncBatchNorm):
+    """timm's BatchNormAct2d (batch norm, then its dropout and activation) over the whole
+    distributed batch; same state_dict keys as the module it replaces."""
+
+    def __init__(self, source: nn.Module) -> None:
+        super().__init__(source.num_features, source.eps, source.momentum, source.affine,
+                         source.track_running_stats)  # fmt: skip
+        self.drop, self.act = source.drop, source.act
+
+    def _after(self, y: torch.Tensor) -> torch.Tensor:
+        return self.act(self.drop(y))
+
+
+_PLAIN_BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _synchronised(child: nn.Module) -> nn.Module:
+    """The SyncBatchNorm that computes what `child` computes, over the whole batch."""
+    if type(child) in _PLAIN_BATCHNORM:
+        return SyncBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
+                             child.track_running_stats)  # fmt: skip
+    if type(child).__name__ == "BatchNormAct2d" and hasattr(child, "act"):  # timm's
+        return SyncBatchNormAct(child)
+    raise HarnessError(
+        f"the backbone's {type(child).__module__}.{type(child).__name__} is a BatchNorm the "
+        "harness cannot synchronise across processes; run it in one process, or set "
+        "backbone.frozen_batchnorm: true"
+    )
 
 
 def convert_batchnorm(module: nn.Module) -> nn.Module:
@@ -170,8 +212,7 @@ def convert_batchnorm(module: nn.Module) -> nn.Module:
         ):
             if "train" in vars(child):  # freeze_batchnorm pinned it to eval mode
                 continue
-            sync = SyncBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
-                                 child.track_running_stats)  # fmt: skip
+            sync = _synchronised(child)
             sync.load_state_dict(child.state_dict())
             sync.to(next(child.buffers(), torch.zeros(0)).device)
             sync.train(child.training)
@@ -179,6 +220,19 @@ def convert_batchnorm(module: nn.Module) -> nn.Module:
         else:
             convert_batchnorm(child)
     return module
+
+
+def check_same_step(step: int, device: torch.device) -> None:
+    """Raise on every rank unless all ranks resumed at the same step: a node that cannot see
+    rank 0's checkpoint would start from step 0 and pair its collectives with other steps."""
+    t = torch.tensor([step, -step], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    high, low = int(t[0]), -int(t[1])
+    if high != low:
+        raise HarnessError(
+            f"the processes resumed at different steps ({low} and {high}): every node must "
+            "read rank 0's checkpoint; put --results-dir on a file system all nodes share"
+        )
 
 
 def average_gradients(params: Iterable[nn.Parameter]) -> None:

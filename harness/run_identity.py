@@ -35,12 +35,17 @@ def weights_sha(record: RunResult) -> str | None:
     return (record.backbone_weights or {}).get("sha256")
 
 
-def checkpoint_identity(record: RunResult, seed: int, max_steps: int | None) -> str:
-    """What a checkpoint must match to be resumed: this very run, from this weights file
-    (left out without one, so checkpoints written before it was recorded still resume)."""
+def checkpoint_identity(
+    record: RunResult, seed: int, max_steps: int | None, decoder: str = "pil"
+) -> str:
+    """What a checkpoint must match to be resumed: this very run, from this weights file, fed
+    by this decoder (torch's pixels differ from PIL's by rounding). The weights and a
+    non-default decoder are left out when absent, so older checkpoints still resume."""
     parts = [record.protocol.hash, record.method.to_json(), seed, max_steps]
     sha = weights_sha(record)
-    return json.dumps(parts + [sha] if sha else parts, sort_keys=True)
+    parts += [sha] if sha else []
+    parts += [{"decoder": decoder}] if decoder != "pil" else []
+    return json.dumps(parts, sort_keys=True)
 
 
 def refuse_to_replace(

@@ -476,7 +476,7 @@ def _execute(
                      write)  # fmt: skip
 
     ckpt = checkpoint_path(results_dir, protocol.name, spec.run_name, spec.seed)
-    identity = checkpoint_identity(record, spec.seed, spec.max_steps)
+    identity = checkpoint_identity(record, spec.seed, spec.max_steps, spec.decoder)
     try:
         model, stats = train_model(
             protocol, spec.method, hyper, spec.seed, device, data, split.train,

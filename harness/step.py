@@ -130,7 +130,7 @@ class TrainingStep:
         if images is None:
             images = load_batch(self.images, self.augment, step, idx, self.dist)
         x = self.backbone.prepare(images.to(self.device, non_blocking=True))
-        idx_dev = idx.to(self.device)
+        idx_dev = idx.to(self.device, non_blocking=True)
         coarse = None if self.coarse is None else self.coarse[idx_dev]
         return x, Batch(self.labels[idx_dev], coarse)
 

@@ -456,6 +456,8 @@ def train(
     total = total_steps(protocol, state.sampler.batches_per_epoch, max_steps)
     if state.resume(checkpoint, identity):
         log.info("resuming from %s at step %d/%d", checkpoint, state.stats.steps, total)
+    if dist.world_size > 1:
+        distributed.check_same_step(state.stats.steps, device)
     augment = (
         TrainPipeline(protocol.augmentation.train, seed) if protocol.augmentation.train else None
     )

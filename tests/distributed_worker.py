@@ -5,6 +5,11 @@ the batch split over the ranks; rank 0 also takes the step in one process (no co
 and saves both gradient sets to OUT.
 `curve OUT NAME STEPS`: STEPS steps of harness.train on the smoke data; rank 0 saves the
 per-step losses (one epoch per step) and the final weights, as does a one-process run.
+`batchnorm OUT`: a network with plain and timm (BatchNormAct2d) BatchNorm, converted, on
+each rank's half of a batch; rank 0 saves the gathered outputs (float32 and fp16 autocast)
+and the one-process outputs on the whole batch.
+`mismatch OUT NAME`: rank 0 resumes from a checkpoint that rank 1 cannot see; rank 0 saves
+each rank's error.
 """
 
 from __future__ import annotations
@@ -126,11 +131,72 @@ def resume(out: str, name: str, steps: str) -> None:
                     "resumed": (resumed.epoch_loss, resumed_state)}, out)  # fmt: skip
 
 
+def batchnorm(out: str) -> None:
+    from timm.layers import BatchNormAct2d
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), BatchNormAct2d(8, act_layer=torch.nn.ReLU),
+        torch.nn.Conv2d(8, 8, 3), torch.nn.BatchNorm2d(8),
+    )  # fmt: skip
+    x = torch.randn(8, 3, 12, 12, generator=torch.Generator().manual_seed(1)) * 50
+    whole = net.train()(x).detach()
+    here = distributed.current()
+    distributed.convert_batchnorm(net)
+    part = x[here.shard(len(x))]
+    split = distributed.gather(net(part)).detach()
+    with torch.autocast("cpu", dtype=torch.float16):
+        half = distributed.gather(net(part)).detach()
+    if here.is_main:
+        torch.save({"whole": whole, "split": split, "fp16": half.float(),
+                    "types": [type(m).__name__ for m in net]}, out)  # fmt: skip
+
+
+def mismatch(out: str, name: str) -> None:
+    from pathlib import Path
+
+    from harness.errors import HarnessError
+
+    protocol = dataclasses.replace(
+        PROTOCOL, budget=dataclasses.replace(PROTOCOL.budget, epochs=0, steps=6)
+    )
+    here = distributed.current()
+    ckpt = Path(out).with_suffix(f".{here.rank}.ckpt")  # one folder per node, not shared
+
+    def crash(epoch: int) -> None:
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    def run(**options):
+        m = model(name)
+        train(m.backbone, m.method, IMAGES, LABELS, COARSE, protocol, 0, torch.device("cpu"),
+              progress=False, identity="a", **options)  # fmt: skip
+
+    try:
+        run(checkpoint=ckpt, on_epoch_end=crash)
+    except KeyboardInterrupt:
+        pass
+    dist.barrier()
+    if here.rank == 1:
+        ckpt.unlink(missing_ok=True)  # rank 0 wrote it, and only rank 0's node has it
+    try:
+        run(checkpoint=Path(out).with_suffix(".0.ckpt") if here.is_main else ckpt)
+        error = ""
+    except HarnessError as exc:
+        error = str(exc)
+    errors = [None, None]
+    dist.all_gather_object(errors, error)
+    if here.is_main:
+        torch.save(errors, out)
+
+
 if __name__ == "__main__":
     if "--float64" in sys.argv:  # exact algebra: float32 rounding would blur small errors
         sys.argv.remove("--float64")
         torch.set_default_dtype(torch.float64)
     distributed.init_from_env(torch.device("cpu"))
-    {"grads": grads, "curve": curve, "resume": resume}[sys.argv[1]](*sys.argv[2:])
+    modes = {"grads": grads, "curve": curve, "resume": resume, "batchnorm": batchnorm,
+             "mismatch": mismatch}  # fmt: skip
+    modes[sys.argv[1]](*sys.argv[2:])
     if dist.is_initialized():
         dist.destroy_process_group()

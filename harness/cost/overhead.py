@@ -98,7 +98,7 @@ def _bare_loop(
                 group["lr"] = protocol.optimizer.lr * group.get("lr_scale", 1.0)
         staged = images[step] if isinstance(images, list) else images[idx]
         x = backbone.prepare(staged.to(device, non_blocking=True))
-        idx_dev = idx.to(device)
+        idx_dev = idx.to(device, non_blocking=True)
         batch = Batch(labels_t[idx_dev], None if coarse_t is None else coarse_t[idx_dev])
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             out = method.head(backbone(x))

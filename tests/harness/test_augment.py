@@ -19,7 +19,7 @@ from harness.augment import AugmentationSpec, EvalView, OpSpec, TrainPipeline, a
 from harness.cli import main
 from harness.data.lazy import LazyImages
 from harness.errors import HarnessError
-from harness.pipeline import Feeder
+from harness.pipeline import MAX_AUTO_WORKERS, Feeder, default_workers
 from harness.protocol import load_protocol, parse_protocol
 from harness.shipped import PROTOCOL_DIR
 from harness.train import train
@@ -322,3 +322,18 @@ def test_a_run_records_its_augmentation_and_its_data_pipeline(tmp_path):
     assert result["protocol"]["content"]["augmentation"]["load_size"] == 18
     assert result["timings"]["data_workers"] == 0
     assert 0 <= result["timings"]["data_wait_share"] < 1
+
+
+def test_default_workers_share_the_cores_among_torchruns_processes(monkeypatch):
+    """Without --workers: none for images in memory without augmentation; else the cores,
+    at most MAX_AUTO_WORKERS, divided among the node's torchrun processes (8 ranks of 8
+    workers each would start 64 decoding processes on one node)."""
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    images = torch.zeros(4, 1, 8, 8, dtype=torch.uint8)
+    assert default_workers(images, None) == 0
+    assert default_workers(images, lambda x, s, i: x) == MAX_AUTO_WORKERS == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert default_workers(images, lambda x, s, i: x) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert default_workers(images, lambda x, s, i: x) == 1

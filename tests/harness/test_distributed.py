@@ -98,6 +98,38 @@ def test_an_interrupted_two_process_run_resumes_bit_identically(tmp_path):
     assert all(torch.equal(state[k], v) for k, v in whole_state.items())
 
 
+def test_synchronised_batchnorm_keeps_timm_activations_and_survives_fp16(tmp_path):
+    """timm's BatchNormAct2d (a BatchNorm2d subclass with its activation inside) keeps its
+    activation when synchronised: 2 ranks on halves of a batch give the one-process outputs;
+    under CPU fp16 autocast the statistics are summed in float32, so they stay finite."""
+    path = tmp_path / "bn.pt"
+    torchrun("tests/distributed_worker.py", "batchnorm", str(path))
+    saved = torch.load(path)
+    assert saved["types"] == ["Conv2d", "SyncBatchNormAct", "Conv2d", "SyncBatchNorm"]
+    torch.testing.assert_close(saved["split"], saved["whole"], rtol=1e-4, atol=1e-4)
+    assert torch.isfinite(saved["fp16"]).all()
+    torch.testing.assert_close(saved["fp16"], saved["whole"], rtol=0.05, atol=0.05)
+
+
+def test_a_batchnorm_it_cannot_synchronise_is_a_clear_error():
+    class OwnNorm(torch.nn.BatchNorm2d):
+        pass
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), OwnNorm(4))
+    with pytest.raises(distributed.HarnessError, match="OwnNorm is a BatchNorm the harness"):
+        distributed.convert_batchnorm(net)
+
+
+def test_ranks_that_resume_at_different_steps_stop_with_a_clear_error(tmp_path):
+    """A node without rank 0's checkpoint (no shared --results-dir) would start at step 0
+    while rank 0 resumes: every rank stops with the same one-line error instead."""
+    path = tmp_path / "mismatch.pt"
+    torchrun("tests/distributed_worker.py", "mismatch", str(path), "proxy_anchor")
+    errors = torch.load(path)
+    assert errors[0] == errors[1]
+    assert "resumed at different steps (0 and 3)" in errors[0]  # after epoch 1 of 3 steps
+
+
 def test_a_batch_that_does_not_split_is_a_clear_error():
     with pytest.raises(distributed.HarnessError, match="does not split over 3 processes"):
         distributed.Dist(rank=0, world_size=3, backend="gloo").shard(64)

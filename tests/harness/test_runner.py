@@ -159,3 +159,19 @@ def test_a_smoke_run_does_not_replace_a_full_result_without_force(tmp_path: Path
     assert main(args) == 0
     assert json.loads(path.read_text())["training"]["max_steps"] is None
     assert len(list((results / "archive").rglob("contrastive/seed0-*.json"))) == 2
+
+
+def test_a_checkpoint_of_the_other_decoder_is_not_resumed():
+    """torch's decoded pixels differ from PIL's by rounding: a run resumed with the other
+    --decoder would mix two inputs, so the decoder is part of the checkpoint's identity (the
+    default, pil, adds nothing: checkpoints written before it was recorded still resume)."""
+    from types import SimpleNamespace
+
+    from harness.run_identity import checkpoint_identity
+
+    record = SimpleNamespace(protocol=SimpleNamespace(hash="abc"), backbone_weights=None,
+                             method=SimpleNamespace(to_json=lambda: {"name": "contrastive"}))  # fmt: skip
+    pil = checkpoint_identity(record, 0, None)
+    assert pil == json.dumps(["abc", {"name": "contrastive"}, 0, None], sort_keys=True)
+    assert checkpoint_identity(record, 0, None, "pil") == pil
+    assert checkpoint_identity(record, 0, None, "torch") != pil
