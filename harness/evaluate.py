@@ -9,7 +9,7 @@ import torch
 
 from harness.augment import for_test
 from harness.backbones import Backbone
-from harness.errors import HarnessError
+from harness.errors import HarnessError, TrainingFailed
 from harness.method import Method, Scorer
 from harness.metrics import compute_metrics, compute_report
 from harness.precision import autocast
@@ -47,7 +47,12 @@ def embed_parts(
                 raise HarnessError(f"the method's head returns no extra {name!r} named in its "
                                    f"sub_embeddings; it returns {sorted(out.extras)}")  # fmt: skip
             part.append(out.extras[name].float())
-    return torch.cat(chunks), {name: torch.cat(part) for name, part in parts.items()}
+    embeddings = torch.cat(chunks)
+    bad = int((~torch.isfinite(embeddings)).any(dim=1).sum())
+    if bad:  # the model, not the user's input: the run fails and a sweep goes on
+        raise TrainingFailed(f"the model's embeddings contain NaN or inf for {bad} of "
+                             f"{len(embeddings)} images (e.g. overflow in low precision)")  # fmt: skip
+    return embeddings, {name: torch.cat(part) for name, part in parts.items()}
 
 
 def evaluate(
@@ -87,10 +92,10 @@ def evaluate(
     embed_seconds = clock.now() - start
     ks, names = tuple(protocol.evaluation.recall_ks), _expand(protocol)
     convention = protocol.evaluation.clustering
+    scorer, counted = ranking_scorer(method, protocol, all_vs_all=gallery is None)
     report = compute_report(
         embeddings, torch.as_tensor(labels), *gallery_args, recall_ks=ks, metrics=names,
-        scorer=ranking_scorer(method, protocol), seed=seed, kmeans_convention=convention,
-        device=device,
+        scorer=scorer, seed=seed, kmeans_convention=convention, device=device,
     )  # fmt: skip
     metrics = report.metrics
     by_part: dict[str, dict[str, float]] = {}
@@ -118,7 +123,7 @@ def evaluate(
         "confidence": CONFIDENCE, "intervals": bootstrap_intervals(report.per_query, seed=seed),
     }  # fmt: skip
     return Evaluation(metrics, timings, by_part, distances, bootstrap, report.kmeans_convention,
-                      embeddings)  # fmt: skip
+                      embeddings, None if counted is None else counted.pairs)  # fmt: skip
 
 
 @dataclass
@@ -133,6 +138,7 @@ class Evaluation:
     bootstrap: dict[str, object] = field(default_factory=dict)
     clustering: str | None = None  # the k-means convention of nmi and f1; None without them
     embeddings: torch.Tensor | None = field(default=None, repr=False)  # the queries' (or all)
+    pair_scores: int | None = None  # the learned scorer's pair evaluations; None: no scorer
 
 
 HISTOGRAM_BINS = 50
@@ -165,15 +171,32 @@ def distance_histogram(
             "negative": negative.tolist()}  # fmt: skip
 
 
-def ranking_scorer(method: Method, protocol: Protocol) -> Scorer | None:
+class CountedScorer:
+    """A learned scorer that counts the pairs it scores: what its ranking cost."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer, self.pairs = scorer, 0
+
+    def __call__(self, query: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
+        self.pairs += query.shape[0] * gallery.shape[0]
+        return self.scorer(query, gallery)
+
+
+def ranking_scorer(
+    method: Method, protocol: Protocol, all_vs_all: bool
+) -> tuple[Scorer | None, CountedScorer | None]:
     """The learned similarity that ranks, if the method has one, in the protocol's mode
-    (exact, or reranking the Euclidean top candidates); its modules go to eval mode, since a
-    learned scorer (e.g. a PDDM unit) must not apply dropout."""
+    (exact, or reranking the Euclidean top candidates; all-vs-all, the query itself is one
+    more candidate, dropped after), and its pair counter. Its modules go to eval mode, since
+    a learned scorer (e.g. a PDDM unit) must not apply dropout."""
     if method.loss is not None:
         method.loss.eval()
-    if method.scorer is not None and protocol.evaluation.scorer_mode == "rerank":
-        return rerank(method.scorer, protocol.evaluation.rerank_top)
-    return method.scorer
+    if method.scorer is None:
+        return None, None
+    counted = CountedScorer(method.scorer)
+    if protocol.evaluation.scorer_mode == "rerank":
+        return rerank(counted, protocol.evaluation.rerank_top + int(all_vs_all)), counted
+    return counted, counted
 
 
 def selection_score(
@@ -191,7 +214,7 @@ def selection_score(
     images = for_test(images, protocol.augmentation, protocol.backbone.input_size)
     embeddings = embed(backbone, method, images, device, protocol.evaluation.batch_size,
                        protocol.precision)  # fmt: skip
-    scorer = ranking_scorer(method, protocol)
+    scorer, _ = ranking_scorer(method, protocol, all_vs_all=True)
     name = protocol.evaluation.select_by
     metrics = compute_metrics(
         embeddings, torch.as_tensor(labels), recall_ks=(1,), metrics=(name,), scorer=scorer,
@@ -200,16 +223,14 @@ def selection_score(
     return metrics[name]
 
 
-def retrieval_record(method: Method, protocol: Protocol, n_queries: int) -> dict[str, object]:
-    """How the ranking was made, and how many learned-score evaluations it cost."""
-    if method.scorer is None:
+def retrieval_record(protocol: Protocol, pair_scores: int | None) -> dict[str, object]:
+    """How the test ranking was made, and how many learned-score evaluations it cost
+    (counted as the scorer ran; None: no learned scorer)."""
+    if pair_scores is None:
         return {"ranking": "euclidean"}
     mode = protocol.evaluation.scorer_mode
-    per_query = (
-        (n_queries - 1) if mode == "exact" else min(protocol.evaluation.rerank_top, n_queries - 1)
-    )
     return {"ranking": "learned_scorer", "mode": mode, "rerank_top": protocol.evaluation.rerank_top
-            if mode == "rerank" else None, "pair_scores": n_queries * per_query}  # fmt: skip
+            if mode == "rerank" else None, "pair_scores": pair_scores}  # fmt: skip
 
 
 def rerank(scorer: Scorer, top: int) -> Scorer:

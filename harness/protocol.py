@@ -162,8 +162,12 @@ class EvaluationSpec:
     clustering: str = "harness"
 
     def __post_init__(self) -> None:
+        selectable = [n for n in METRIC_NAMES if n != "recall@K"]  # one number: recall@<k>
         _check(
-            self.select_by in METRIC_NAMES, f"select_by must be one of {', '.join(METRIC_NAMES)}"
+            self.select_by in selectable
+            or bool(re.fullmatch(r"recall@[1-9][0-9]*", self.select_by)),
+            f"select_by must be recall@<k> (e.g. recall@1) or one of {', '.join(selectable)}, "
+            f"got {self.select_by!r}",
         )
         _check(
             self.clustering in KMEANS_CONVENTIONS,

@@ -498,8 +498,13 @@ def _execute(
     gallery = (
         (data.images[split.gallery], data.labels[split.gallery]) if len(split.gallery) else None
     )
-    result = evaluate(backbone, method, data.images[query], data.labels[query], protocol, device,
-                      spec.seed, gallery=gallery)  # fmt: skip
+    try:
+        result = evaluate(backbone, method, data.images[query], data.labels[query], protocol,
+                          device, spec.seed, gallery=gallery)  # fmt: skip
+    except TrainingFailed as exc:  # e.g. NaN embeddings: this run failed, the sweep goes on
+        stopped = _stop(record, path, "failed", str(exc), write)
+        ckpt.unlink(missing_ok=True)
+        return stopped
     if result.distances:
         record.distances = result.distances
     record.bootstrap = result.bootstrap or None
@@ -515,7 +520,7 @@ def _execute(
         per_rank = None if total is None else round(total / here.world_size, 1)
         record.distributed = {"world_size": here.world_size, "backend": here.backend,
                               "images_per_second_per_rank": per_rank}  # fmt: skip
-    record.retrieval = retrieval_record(method, protocol, len(split.test))
+    record.retrieval = retrieval_record(protocol, result.pair_scores)
     write(path, record)
     ckpt.unlink(missing_ok=True)
     return "ok", path

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from harness import distributed
 from harness.augment import TrainPipeline
 from harness.backbones import Backbone
-from harness.errors import HarnessError
+from harness.errors import HarnessError, TrainingFailed
 from harness.method import Method
 from harness.pipeline import Feeder, default_workers, worker_death
 from harness.precision import grad_scaler
@@ -45,11 +45,6 @@ MAX_EMPTY_STEPS = 50
 # Losses stay on the device and are read back (one synchronisation on a GPU) every this many
 # steps and at every epoch end; a non-finite loss is still reported with its exact step.
 LOSS_READBACK_STEPS = 20
-
-
-class TrainingFailed(Exception):
-    """The run cannot go on (non-finite loss, a miner that finds nothing); the reason goes
-    into its result file."""
 
 
 @dataclass

@@ -78,9 +78,11 @@ Backends for the top-K neighbours
       metrics asked for (no map, no lda, no scorer), float32 keys propose candidates and
       float64 keys decide (see harness.metrics.fast_topk): the same neighbours, faster.
     * ``faiss`` (IndexFlatL2, float32): used for the top-K metrics when ``knn_backend="faiss"``,
-      or when ``"auto"`` and the gallery has more than 20,000 items, faiss imports, no scorer is
-      given and ``map`` is not requested (``map`` needs the full torch ranking, which then yields
-      the top-K for free). Neighbours returned by faiss are re-sorted by (distance, index), but
+      or when ``"auto"``, the embeddings are on CUDA, faiss reaches the GPU (faiss-gpu), the
+      gallery has more than 20,000 items, no scorer is given and neither ``map`` nor ``lda``
+      is requested (they need the full torch pass, which then yields the top-K for free). On
+      the CPU ``"auto"`` is the exact torch path, whose top-K pass takes faiss's float32
+      candidates when faiss imports: as fast as faiss alone, and exact. Neighbours returned by faiss are re-sorted by (distance, index), but
       which of several items tied at the K-th boundary gets returned is decided by faiss.
     * ``map`` always uses the torch path over the full ranking.
 """

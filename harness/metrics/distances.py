@@ -141,8 +141,8 @@ def _one_negative(
     if all_vs_all:
         columns = torch.arange(keys.shape[1], device=keys.device)
         valid &= columns.unsqueeze(0) > rows.unsqueeze(1)
-    where = torch.nonzero(valid)
-    if len(where) == 0:
+    flat = valid.reshape(-1)  # the first True without listing all (nonzero: 16 bytes a pair)
+    if not bool(flat.any()):
         return torch.empty(0, dtype=keys.dtype)
-    i, j = where[0].tolist()
+    i, j = divmod(int(flat.to(torch.uint8).argmax()), valid.shape[1])
     return euclidean(keys[i : i + 1, j : j + 1], sq[i : i + 1]).reshape(-1)

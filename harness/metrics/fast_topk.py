@@ -78,7 +78,8 @@ def _exact_order(
     shared = torch.zeros_like(values, dtype=torch.bool)
     shared[:, 1:] |= close
     shared[:, :-1] |= close
-    group = torch.cat([torch.zeros_like(close[:, :1]), ~close], dim=1).cumsum(1)
+    first = torch.zeros(values.shape[0], 1, dtype=torch.bool, device=values.device)
+    group = torch.cat([first, ~close], dim=1).cumsum(1)
     shared &= group <= group[:, need - 1 : need]  # later groups cannot reach the first m
     keys = values.to(torch.float64) - offset.unsqueeze(1)
     at = torch.nonzero(shared)

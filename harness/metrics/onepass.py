@@ -89,6 +89,10 @@ def exact_pass(
     """Retrieval metrics over the active queries and/or LDA moments over every query row."""
     dtype = split.exact_dtype
     q, g = split.q_emb.to(dtype), split.g_emb.to(dtype)
+    # identical gallery rows must get identical keys (ties to the lower index): BLAS may
+    # round the same dot product differently in another column, so each distinct row is
+    # computed once and its key copied to its duplicates
+    g, copies = distinct_rows(g)
     g_sq, q_sq = (g * g).sum(1), (q * q).sum(1)
     members = class_members(split.g_ids, split.num_ids)
     depth = retrieval_depth(split, ks, names) if retrieval else 0
@@ -103,6 +107,7 @@ def exact_pass(
         keys = None
         if scorer is None or lda is not None:
             keys = torch.addmm(g_sq.unsqueeze(0), q[rows], g.T, beta=1.0, alpha=-2.0)
+            keys = keys if copies is None else keys[:, copies]
         if retrieval:
             ranked = rows[is_active[rows]]
             if len(ranked):
@@ -118,6 +123,13 @@ def exact_pass(
         if lda is not None:  # last: it overwrites the keys
             add_chunk_pairs(lda, keys, rows, q_sq, split.q_ids, split.g_ids, members,
                             all_vs_all=split.all_vs_all)  # fmt: skip
+
+
+def distinct_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The distinct rows of x and, when some repeat, the index of each row's distinct row
+    (None: all distinct, x itself)."""
+    unique, inverse = torch.unique(x, dim=0, return_inverse=True)
+    return (x, None) if len(unique) == len(x) else (unique, inverse)
 
 
 def faiss_pass(

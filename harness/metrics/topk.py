@@ -106,8 +106,8 @@ def faiss_topk(
 ) -> torch.Tensor:
     """[len(active), m] neighbour indices from faiss IndexFlatL2 (its GPU index for CUDA
     embeddings when faiss has GPUs), re-sorted by (distance, index)."""
-    g32 = np.ascontiguousarray(g_emb.detach().cpu().numpy(), dtype=np.float32)
-    q32 = np.ascontiguousarray(q_emb[active].detach().cpu().numpy(), dtype=np.float32)
+    g32 = np.ascontiguousarray(g_emb.detach().float().cpu().numpy())  # bf16 has no numpy
+    q32 = np.ascontiguousarray(q_emb[active].detach().float().cpu().numpy())
     index = _flat_index(g32.shape[1], q_emb.device.type == "cuda", m)
     index.add(g32)
     dist, idx = index.search(q32, m)

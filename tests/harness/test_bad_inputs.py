@@ -193,6 +193,7 @@ CASES = {
     "negative step_epochs": (run_with(setkey("schedule.step_epochs", -5)), "step_epochs must be >= 0"),
     "no metrics": (run_with(setkey("evaluation.metrics", [])), "metrics is empty"),
     "repeated recall k": (run_with(setkey("evaluation.recall_ks", [1, 1, 4])), "recall_ks has a repeated k"),
+    "select_by recall@K": (run_with(setkey("evaluation.select_by", "recall@K")), "select_by must be recall@<k> (e.g. recall@1)"),
     "one validation class": (run_with(setkey("split.validation_fraction", 0.1)), "each part needs at least 2 classes"),
     "unknown optimizer": (run_with(setkey("optimizer.name", "rmsprop")), "adam, adamw or sgd"),
     "schema version": (run_with(setkey("schema", 2)), "schema 2 is not supported"),

@@ -117,3 +117,75 @@ def test_evaluate_clusters_with_the_protocols_k_means_convention():
         evaluate(backbone, method, images, labels, protocol, torch.device("cpu"), 5).clustering
         is None
     )
+
+
+def _scored(scorer_mode: str, rerank_top: int, far_first: bool = True):
+    """evaluate() of 1-D points with a learned scorer that prefers FAR items."""
+    backbone = Backbone([torch.nn.Identity()], [1], 1, (0.0,), (1.0,))
+    scorer = (lambda q, g: torch.cdist(q, g)) if far_first else neg_sq_dist
+    method = Method(head=_Pooled(), scorer=scorer)
+    protocol = _protocol(SimpleNamespace(
+        batch_size=8, recall_ks=(1,), metrics=("recall@K", "map"), scorer_mode=scorer_mode,
+        rerank_top=rerank_top, clustering="harness"))  # fmt: skip
+    images = torch.tensor([0, 250, 100, 130], dtype=torch.uint8).view(4, 1, 1, 1)
+    labels = np.array([0, 0, 1, 1])  # class 0 at both ends: far-first finds it
+    return evaluate(backbone, method, images, labels, protocol, torch.device("cpu"), 0)
+
+
+def test_rerank_all_vs_all_reranks_rerank_top_neighbours_besides_the_query_itself():
+    """All-vs-all, the query is its own nearest candidate: reranking the top n-1 must rerank
+    every other item, as exact scoring does (it once spent a slot on the query itself)."""
+    exact = _scored("exact", 0)
+    assert exact.metrics["recall@1"] == 0.5  # 0 and 250 find each other; 100 and 130 do not
+    assert _scored("rerank", 3).metrics == exact.metrics
+    assert _scored("rerank", 1).metrics == _scored("exact", 0, far_first=False).metrics
+    assert exact.metrics != _scored("exact", 0, far_first=False).metrics  # the scorer matters
+
+
+def test_the_learned_scorers_pair_count_is_what_it_scored():
+    assert _scored("exact", 0).pair_scores == 4 * 4  # every query x every item, itself too
+    assert _scored("rerank", 2).pair_scores == 4 * 3  # its 2 neighbours and itself
+    plain = evaluate(Backbone([torch.nn.Identity()], [1], 1, (0.0,), (1.0,)),
+                     Method(head=_Pooled()), torch.zeros(4, 1, 1, 1, dtype=torch.uint8),
+                     np.array([0, 0, 1, 1]), _protocol(SimpleNamespace(
+                         batch_size=8, recall_ks=(1,), metrics=("recall@K",), scorer_mode="exact",
+                         rerank_top=5, clustering="harness")), torch.device("cpu"), 0)  # fmt: skip
+    assert plain.pair_scores is None
+
+
+class _Overflowing(torch.nn.Module):
+    def forward(self, features: list[torch.Tensor]) -> Embedded:
+        x = features[-1].clone()
+        x[1] = float("inf")
+        return Embedded(embedding=x)
+
+
+def test_non_finite_test_embeddings_fail_the_run_not_the_sweep(tmp_path, monkeypatch):
+    """NaN/inf embeddings are the model's failure (e.g. low-precision overflow), not bad
+    input: evaluate raises TrainingFailed, and the runner records the run as failed and goes
+    on to the next run."""
+    import json
+
+    import pytest
+
+    import harness.runner as runner
+    import methods  # noqa: F401
+    from harness.errors import TrainingFailed
+
+    backbone = Backbone([torch.nn.Identity()], [1], 1, (0.0,), (1.0,))
+    protocol = _protocol(SimpleNamespace(batch_size=8, recall_ks=(1,), metrics=("recall@K",),
+                                         scorer_mode="exact", rerank_top=5, clustering="harness"))  # fmt: skip
+    with pytest.raises(TrainingFailed, match="NaN or inf for 1 of 4 images"):
+        evaluate(backbone, Method(head=_Overflowing()), torch.zeros(4, 1, 1, 1, dtype=torch.uint8),
+                 np.array([0, 0, 1, 1]), protocol, torch.device("cpu"), 0)  # fmt: skip
+
+    def overflowing(*args, **kwargs):
+        raise TrainingFailed("the model's embeddings contain NaN or inf for 1 of 96 images")
+
+    monkeypatch.setattr(runner, "evaluate", overflowing)
+    specs = [runner.RunSpec("smoke", name, 0, results_dir=str(tmp_path))
+             for name in ("contrastive", "triplet")]  # fmt: skip
+    assert runner.sweep(specs, progress=False) == {"failed": 2}
+    for name in ("contrastive", "triplet"):
+        record = json.loads((tmp_path / f"runs/smoke/{name}/seed0.json").read_text())
+        assert record["status"] == "failed" and "NaN or inf" in record["failure"]

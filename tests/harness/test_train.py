@@ -89,7 +89,8 @@ def test_the_best_validation_epoch_is_kept_and_recorded():
     assert method.head.training  # back in train mode after each validation
 
 
-def test_a_protocol_with_validation_classes_selects_on_them(tmp_path):
+@pytest.mark.parametrize("select_by", ["map@r", "recall@2"])
+def test_a_protocol_with_validation_classes_selects_on_them(tmp_path, select_by):
     import json
 
     import yaml
@@ -99,6 +100,7 @@ def test_a_protocol_with_validation_classes_selects_on_them(tmp_path):
     spec = yaml.safe_load((REPO / "protocols" / "smoke.yaml").read_text())
     spec["split"] = {"train_fraction": 0.5, "validation_fraction": 0.34}
     spec["budget"] = {"steps": 6}
+    spec["evaluation"]["select_by"] = select_by
     path = tmp_path / "withval.yaml"
     path.write_text(yaml.safe_dump(spec))
     status, out = execute(RunSpec(str(path), "contrastive", 0, results_dir=str(tmp_path)),
@@ -106,7 +108,7 @@ def test_a_protocol_with_validation_classes_selects_on_them(tmp_path):
     result = json.loads(out.read_text())
     assert status == "ok" and result["split"]["validation_classes"] == 4
     selection = result["selection"]
-    assert selection["metric"] == "map@r" and selection["split"] == "validation"
+    assert selection["metric"] == select_by and selection["split"] == "validation"
     assert len(selection["per_epoch"]) == len(result["training"]["epoch_loss"]) >= 2
     assert selection["best_epoch"] == 1 + selection["per_epoch"].index(max(selection["per_epoch"]))
 

@@ -250,35 +250,40 @@ def test_faiss_and_torch_backends_agree_without_ties(query_gallery):
 
 
 @needs_faiss
-def test_auto_uses_faiss_only_for_large_galleries_without_map_or_scorer(monkeypatch):
+def test_auto_on_the_cpu_is_the_exact_torch_path_at_every_size(monkeypatch):
+    """On the CPU "auto" never hands the ranking to faiss (whose top-K pass is no faster and
+    decides boundary ties itself); knn_backend="faiss" still does."""
     x, y = _random_data(n=60)
     top_k = ["recall@K", "precision@1"]
-    assert compute_report(x, y, metrics=top_k).knn_backend == "torch"
     monkeypatch.setattr(metrics_report, "FAISS_AUTO_MIN_GALLERY", 50)
-    assert compute_report(x, y, metrics=top_k).knn_backend == "faiss"
-    assert compute_report(x, y, metrics=[*top_k, "map"]).knn_backend == "torch"
-    scorer = lambda q, g: q @ g.T  # noqa: E731
-    assert compute_report(x, y, metrics=top_k, scorer=scorer).knn_backend == "torch"
+    assert compute_report(x, y, metrics=top_k).knn_backend == "torch"
+    assert compute_report(x, y, metrics=top_k, knn_backend="faiss").knn_backend == "faiss"
 
 
 @needs_faiss
 def test_auto_on_cuda_takes_faiss_only_where_faiss_reaches_the_gpu(monkeypatch):
-    """CUDA embeddings of a large gallery: faiss-gpu when faiss has GPUs, else torch ranks on
-    the GPU (never a copy to faiss on the CPU); CPU embeddings keep faiss."""
+    """CUDA embeddings of a large gallery: faiss-gpu when faiss has GPUs and only top-K
+    metrics are asked for (map, lda and a scorer need the full torch pass), else torch ranks
+    on the GPU (never a copy to faiss on the CPU); CPU embeddings keep torch."""
     from types import SimpleNamespace
 
     from harness.metrics import topk
 
-    def split_on(device: str) -> SimpleNamespace:
+    def split_on(device: str, n: int = metrics_report.FAISS_AUTO_MIN_GALLERY + 1):
         emb = SimpleNamespace(device=torch.device(device))
-        return SimpleNamespace(q_emb=emb, g_ids=range(metrics_report.FAISS_AUTO_MIN_GALLERY + 1))
+        return SimpleNamespace(q_emb=emb, g_ids=range(n))
 
     choose = metrics_report._top_k_backend
     assert topk.faiss_gpus() == 0  # faiss-cpu here
     assert choose(split_on("cuda"), [1], {"recall@K"}, None, "auto") == "torch"
-    assert choose(split_on("cpu"), [1], {"recall@K"}, None, "auto") == "faiss"
+    assert choose(split_on("cpu"), [1], {"recall@K"}, None, "auto") == "torch"
     monkeypatch.setattr(topk, "faiss_gpus", lambda: 1)
     assert choose(split_on("cuda"), [1], {"recall@K"}, None, "auto") == "faiss"
+    assert choose(split_on("cuda", 100), [1], {"recall@K"}, None, "auto") == "torch"
+    for extra in ("map", "lda"):
+        assert choose(split_on("cuda"), [1], {"recall@K", extra}, None, "auto") == "torch"
+    scorer = lambda q, g: q @ g.T  # noqa: E731
+    assert choose(split_on("cuda"), [1], {"recall@K"}, scorer, "auto") == "torch"
     monkeypatch.undo()
     index = topk._flat_index(8, on_gpu=True, m=10)  # no faiss GPU: the CPU index
     assert type(index).__name__ == "IndexFlatL2"
@@ -623,3 +628,49 @@ def test_relevant_ranks_match_a_full_stable_sort_on_ties():
 def test_class_members_lists_each_class_in_index_order():
     table = class_members(torch.tensor([2, 0, 2, 1, 2]), 4)
     assert table.tolist() == [[1, -1, -1], [3, -1, -1], [0, 2, 4], [-1, -1, -1]]
+
+
+def test_a_gallery_of_one_item_ranks_on_every_path():
+    """One gallery item: the top-K pass (float32 candidates, float64 decisions) once built an
+    empty tie group and crashed; every path gives the hand-worked values."""
+    q, q_labels = torch.tensor([[0.0], [1.0]]), torch.tensor([3, 4])
+    g, g_labels = torch.tensor([[0.5]]), torch.tensor([3])
+    names = ["recall@K", "precision@1", "r_precision", "map@r"]
+    fast = compute_report(q, q_labels, g, g_labels, recall_ks=(1,), metrics=names)
+    full = compute_report(q, q_labels, g, g_labels, recall_ks=(1,), metrics=[*names, "map"])
+    assert fast.num_lone_queries == 1  # the query of class 4 has nothing to find
+    expected = {"recall@1": 1.0, "precision@1": 1.0, "r_precision": 1.0, "map@r": 1.0}
+    assert fast.metrics == expected
+    assert {k: full.metrics[k] for k in expected} == expected
+
+
+@needs_faiss
+def test_bfloat16_embeddings_rank_with_faiss_as_with_torch():
+    x, y = _random_data(n=80)
+    x16 = torch.from_numpy(x).to(torch.bfloat16)
+    names = ["recall@K", "precision@1"]
+    via_faiss = compute_report(x16, y, recall_ks=(1, 4), metrics=names, knn_backend="faiss")
+    via_torch = compute_report(x16.float(), y, recall_ks=(1, 4), metrics=names)
+    assert via_faiss.metrics == pytest.approx(via_torch.metrics, abs=1e-12)
+
+
+def test_exact_duplicates_tie_by_index_whatever_else_is_asked_for():
+    """Items sharing one embedding are tied; ties go to the lower index. BLAS rounds the same
+    dot product differently in different columns, so duplicates once got keys 1 ulp apart
+    and recall@1 depended on whether map was also asked for (seen on 2,050 items)."""
+    rng = np.random.default_rng(4)
+    base = rng.normal(size=(400, 128)).astype(np.float32)
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    x, labels = base[rng.integers(0, 400, 2050)], rng.integers(0, 200, 2050)
+    alone = compute_metrics(x, labels, recall_ks=(1,), metrics=["recall@1"])["recall@1"]
+    with_map = compute_metrics(x, labels, recall_ks=(1,), metrics=["recall@1", "map"])
+    x64, hits, queries = x.astype(np.float64), 0, 0
+    for i in range(len(x)):  # per-pair differences: duplicates are exactly tied
+        d = ((x64 - x64[i]) ** 2).sum(1)
+        d[i] = np.inf
+        same = labels == labels[i]
+        same[i] = False
+        if same.any():
+            queries += 1
+            hits += bool(same[np.lexsort((np.arange(len(x)), d))[0]])
+    assert alone == with_map["recall@1"] == hits / queries
