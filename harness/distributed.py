@@ -146,7 +146,7 @@ class SyncBatchNorm(nn.BatchNorm2d):
         dims = [0] + list(range(2, x.dim()))
         shape = [1, -1] + [1] * (x.dim() - 2)
         count = x.numel() // x.shape[1] * dist.get_world_size()
-        xf = x.float()
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # float64 stays float64
         mean = _AllReduce.apply(xf.sum(dims)) / count
         centred = xf - mean.view(shape)
         var = _AllReduce.apply(centred.pow(2).sum(dims)) / count
