@@ -416,17 +416,28 @@ def _git(*args: str) -> str:
 
 
 def machine_id() -> str:
-    """A random id made once per machine (kept in the data cache): results made elsewhere,
-    e.g. committed ones, are not mistaken for this machine's own finished runs."""
+    """A random id made once per machine: results made elsewhere, e.g. committed ones, are
+    not mistaken for this machine's own finished runs. Kept in the user's configuration
+    ($XDG_CONFIG_HOME or ~/.config, dml-harness/machine-id), not in the data cache, which a
+    user may clear or move without this machine becoming another one."""
     from harness.data.base import default_cache_dir
 
-    path = default_cache_dir() / "machine-id"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".machine-id.{os.getpid()}")
-        tmp.write_text(uuid.uuid4().hex + "\n")
-        os.replace(tmp, path)
-    return path.read_text().strip()
+    legacy = default_cache_dir() / "machine-id"  # where it was kept before
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    path = config / "dml-harness" / "machine-id"
+    if path.exists():
+        return path.read_text().strip()
+    made = legacy.read_text().strip() if legacy.exists() else uuid.uuid4().hex
+    for place in (path, legacy):  # an unwritable home: the cache, as before
+        try:
+            place.parent.mkdir(parents=True, exist_ok=True)
+            tmp = place.with_name(f".machine-id.{os.getpid()}")
+            tmp.write_text(made + "\n")
+            os.replace(tmp, place)
+            return made
+        except OSError:
+            continue
+    return made
 
 
 def environment(device: torch.device) -> dict[str, Any]:

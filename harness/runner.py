@@ -253,15 +253,21 @@ def _same_run(old: RunResult, new: RunResult, any_machine: bool = False) -> bool
     """A finished result of this very configuration, made on this machine (or, for a sweep on
     a cluster, on any of its machines): skip the run. (A clone on another machine reruns and
     archives what it found: its numbers are its own.)"""
-    return (
-        old.ok
-        and (any_machine or old.hardware.machine_id == machine_id())
-        and old.protocol.hash == new.protocol.hash
-        and old.method.version == new.method.version
-        and old.method.hyperparameters == new.method.hyperparameters
-        and old.training.max_steps == new.training.max_steps
-        and weights_sha(old) == weights_sha(new)
-    )
+    return not _differences(old, new, any_machine)
+
+
+def _differences(old: RunResult, new: RunResult, any_machine: bool = False) -> list[str]:
+    """Why `old` is not a finished result of the run `new` (empty: it is)."""
+    checks = [
+        (not old.ok, f"a {old.status} run"),
+        (not any_machine and old.hardware.machine_id != machine_id(), "made on another machine"),
+        (old.protocol.hash != new.protocol.hash, "another protocol hash"),
+        (old.method.version != new.method.version, "another method version"),
+        (old.method.hyperparameters != new.method.hyperparameters, "other hyperparameters"),
+        (old.training.max_steps != new.training.max_steps, "another step cap"),
+        (weights_sha(old) != weights_sha(new), "another weights file"),
+    ]
+    return [why for differs, why in checks if differs]
 
 
 TUNED_SUFFIX = "+tuned"
@@ -317,7 +323,9 @@ def decide(
             return "skipped", path, record  # finished by another process meanwhile
         if not spec.force:  # plan checked before the sweep; another process may have written
             refuse_to_replace(old, spec.max_steps, spec.parsed_protocol.hash, path)
-        log.info("archived the previous result to %s", archive(path, Path(spec.results_dir)))
+        why = "--force" if spec.force else ", ".join(_differences(old, record, any_machine))
+        log.info("archived the previous result (%s) to %s", why,
+                 archive(path, Path(spec.results_dir)))  # fmt: skip
     return None, path, record
 
 

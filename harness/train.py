@@ -134,7 +134,9 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: Path | None, identity: str) -> dict[str, Any] | None:
-    """The checkpoint at `path` if it belongs to this very run (same identity), else None."""
+    """The checkpoint at `path` if it belongs to this very run (same identity), else None.
+    Another configuration's checkpoint (e.g. of an interrupted run with another --max-steps)
+    is moved aside, never overwritten: that run may still be resumed from it."""
     if path is None or not path.exists():
         return None
     try:
@@ -143,7 +145,11 @@ def load_checkpoint(path: Path | None, identity: str) -> dict[str, Any] | None:
         log.warning("ignoring unreadable checkpoint %s (%s)", path, exc)
         return None
     if state.get("identity") != identity:
-        log.warning("ignoring checkpoint %s: it belongs to another run configuration", path)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        aside = path.with_name(f"{path.stem}-other-{stamp}-{os.getpid()}{path.suffix}")
+        path.replace(aside)
+        log.warning("checkpoint %s belongs to another run configuration: kept aside as %s (to "
+                    "resume that run, move it back and rerun with its options)", path, aside)  # fmt: skip
         return None
     return state
 

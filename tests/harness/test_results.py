@@ -227,6 +227,27 @@ def test_same_run_reads_typed_results(monkeypatch):
     new.method.hyperparameters = {}
     old.environment.hardware.machine_id = "elsewhere"  # made on another machine: rerun
     assert not runner._same_run(old, new)
+    assert runner._differences(old, new) == ["made on another machine"]  # the log says why
+    new.method.hyperparameters = {"margin": 2.0}
+    assert runner._differences(old, new) == ["made on another machine", "other hyperparameters"]
+
+
+def test_the_machine_id_outlives_the_data_cache(tmp_path, monkeypatch):
+    """The id lives in the user's configuration: a cleared or moved data cache does not make
+    this machine another one (which would rerun and archive every finished result); an id
+    kept in the cache by an older version is carried over."""
+    from harness.results import machine_id
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "machine-id").write_text("from-the-old-cache\n")
+    assert machine_id() == "from-the-old-cache"
+    monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "another-cache"))
+    assert machine_id() == "from-the-old-cache"
+    assert (tmp_path / "config" / "dml-harness" / "machine-id").read_text().strip() == (
+        "from-the-old-cache"
+    )
 
 
 # --- leaderboard honesty ----------------------------------------------------------------------

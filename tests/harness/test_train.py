@@ -157,11 +157,15 @@ def test_an_interrupted_train_resumes_bit_identically(tmp_path: Path, channels_l
     assert resumed.tuples_mined == whole.tuples_mined
     final = backbone.state_dict()
     assert all(torch.equal(final[k], expected[k]) for k in expected)
-    # a checkpoint of another configuration is ignored: training starts afresh
+    # a checkpoint of another configuration is not resumed: training starts afresh, and that
+    # checkpoint is kept aside (that run may still be resumed), never overwritten
     backbone, method = fresh()
     other = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
                   checkpoint=ckpt, identity="b")  # fmt: skip
     assert other.resumed_from_step == 0 and other.epoch_loss == whole.epoch_loss
+    (aside,) = tmp_path.glob("run-other-*.pt")
+    assert torch.load(aside, weights_only=False)["identity"] == "a"
+    assert torch.load(ckpt, weights_only=False)["identity"] == "b"
 
 
 def test_a_channels_last_backbone_is_the_same_network_in_nhwc():
