@@ -152,9 +152,9 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
                      "run a Ray task (needs the ray extra)")  # fmt: skip
     run.add_argument("--address", help="with --engine ray: auto, HOST:PORT or ray://... of an "
                      "existing cluster (default: start a local Ray on this machine)")  # fmt: skip
-    run.add_argument("--cpus-per-run", type=positive_int, default=1,
+    run.add_argument("--cpus-per-run", type=positive_int,
                      help="with --engine ray: CPUs per task, also its torch threads (default 1)")  # fmt: skip
-    run.add_argument("--gpus-per-run", type=float, default=0.0,
+    run.add_argument("--gpus-per-run", type=float,
                      help="with --engine ray: GPUs per task (default 0)")  # fmt: skip
 
 
@@ -199,6 +199,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.results import result_paths
     from harness.runner import plan, sweep
 
+    ray_only = [flag for flag, value in (("--address", args.address), ("--cpus-per-run",
+                args.cpus_per_run), ("--gpus-per-run", args.gpus_per_run)) if value is not None]  # fmt: skip
+    if ray_only and args.engine != "ray":  # else the runs would quietly stay on this machine
+        raise HarnessError(f"{', '.join(ray_only)} only apply to --engine ray: add --engine ray "
+                           "or drop them")  # fmt: skip
     protocol = load_protocol(args.protocol)
     if args.precision and args.precision != protocol.precision:
         protocol = dataclasses.replace(protocol, precision=args.precision)
@@ -237,8 +242,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.engine == "ray":
             from harness.engines import sweep_ray
 
-            counts = sweep_ray(specs, args.address, args.cpus_per_run, args.gpus_per_run,
-                               progress=not args.quiet)  # fmt: skip
+            counts = sweep_ray(specs, args.address, args.cpus_per_run or 1,
+                               args.gpus_per_run or 0.0, progress=not args.quiet)  # fmt: skip
         else:
             counts = sweep(specs, progress=not args.quiet)
     except KeyboardInterrupt:
@@ -441,6 +446,14 @@ def _late(module: str, name: str, args: argparse.Namespace) -> int:
     return getattr(importlib.import_module(module), name)(args)
 
 
+def _os_problem(exc: OSError) -> str:
+    """One line for a file system error: what failed, on which path, and the way out."""
+    where = f" {exc.filename}" if exc.filename else ""
+    return (f"cannot use{where}: {exc.strerror or exc}; check that the folder exists, is a "
+            "folder and is writable (e.g. pass another --results-dir or set DML_HARNESS_CACHE)"
+            "; -v shows where it happened")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quiet and args.verbose:
@@ -460,6 +473,14 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `... | head` closed the pipe: nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # an unwritable results folder or cache, a full disk
+        if args.verbose:
+            raise
+        print(f"error: {_os_problem(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

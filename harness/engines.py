@@ -188,7 +188,9 @@ def _collect(ray: Any, pending: dict[Any, tuple[RunSpec, Path]], total: int,
     """Write each result as its task finishes: one line per run and per epoch streamed back
     from the workers, and a bar over the sweep."""
     start, done = time.perf_counter(), sum(counts.values())
-    bar = tqdm(total=total, initial=done, desc="runs", unit="run", disable=not progress)
+    bar = tqdm(
+        total=total, initial=done, desc="runs", unit="run", disable=None if progress else True
+    )  # fmt: skip (None: on a terminal only)
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_SECONDS)

@@ -250,8 +250,9 @@ class _Session:
         self.validation_seconds = 0.0  # validation seconds since this call started
         self.running, self.in_epoch, self.consecutive_empty = 0.0, 0, 0
         self.pending: list[torch.Tensor] = []  # this window's losses, still on the device
+        # disable=None: a bar only on a terminal (a log file gets the per-epoch lines alone)
         self.bar = tqdm(total=total, initial=stats.steps, desc="train", unit="step",
-                        disable=not progress, leave=False)  # fmt: skip
+                        disable=None if progress else True, leave=False)  # fmt: skip
         self.start = self.timer.now()
         self.epoch_start = time.perf_counter()
 

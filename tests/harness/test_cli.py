@@ -218,6 +218,8 @@ def test_evaluate_clustering_option_picks_the_k_means_convention(tmp_path: Path,
          ["--data-root /nonexistent/dir is not a directory"]),
         (["run", "--all", "--protocol", "omniglot", "--max-steps", "1"], ["--data-root"]),
         (["leaderboard", "--results-dir", "/nonexistent/results"], ["no run results"]),
+        (["run", "--all", "--protocol", "smoke", "--address", "auto", "--gpus-per-run", "1"],
+         ["--address, --gpus-per-run only apply to --engine ray"]),
         (["evaluate", "--embeddings", "/nonexistent/e.npy", "--labels", "/x.npy"],
          ["does not exist"]),
     ],
@@ -233,6 +235,16 @@ def test_evaluate_mismatched_counts_is_one_line(tmp_path: Path):
         "evaluate", "--embeddings", str(tmp_path / "e.npy"), "--labels", str(tmp_path / "l.npy")
     )
     assert_one_line_error(proc, "4", "3")
+
+
+def test_an_unwritable_results_folder_is_one_line(tmp_path: Path):
+    """A --results-dir that is a file (or read-only, or on a full disk): the file system's
+    error as one line naming the path and the way out, not a traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = cli("run", "--protocol", "smoke", "--method", "contrastive", "--max-steps", "1",
+               "--results-dir", str(blocker / "results"))  # fmt: skip
+    assert_one_line_error(proc, "cannot use", str(blocker), "--results-dir")
 
 
 def test_validate_reports_each_bad_file(tmp_path: Path):

@@ -274,3 +274,12 @@ def test_training_seconds_end_before_the_data_workers_stop(monkeypatch):
                   max_steps=2, progress=False, workers=0)  # fmt: skip
     assert stats.steps == 2 and stats.train_seconds > 0
     assert events[-2:] == ["record", "close"]
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_only(capsys):
+    """With stderr redirected to a file, the log gets the per-epoch lines, not bar frames
+    (once glued to them: '...2/2 [00:00...]00:28:50 epoch 1/1 loss ...')."""
+    protocol, backbone, images, labels = setup(3)
+    method = Method(head=EmbeddingHead(16, 8), loss=NanFrom(bad=10**6))
+    train(backbone, method, images, labels, None, protocol, 0, CPU, progress=True)
+    assert "train:" not in capsys.readouterr().err
