@@ -342,12 +342,13 @@ def tuning_section(results_dir: Path) -> str:
     for path in sorted(Path(results_dir).glob("tuning/*/*.yaml")):
         data = _read_tuning(path)
         study = data.get("study") or {}
+        capped = f" (trials capped at {study['max_steps']} steps)" if study.get("max_steps") else ""
         changed = {k: v for k, v in (data.get("hyperparameters") or {}).items()
                    if k in (study.get("searched") or data.get("hyperparameters") or {})}  # fmt: skip
         default = study.get("paper_default_value")
         rows.append({
             "protocol": f"{data.get('protocol')} (hash `{data.get('protocol_hash')}`)",
-            "method": data.get("method"),
+            "method": f"{data.get('method')}{capped}",
             "trials (pruned)": f"{study.get('trials')} ({study.get('pruned', 0)})",
             "folds": study.get("folds"),
             "best (validation)": f"{100 * study['best_value']:.1f}" if "best_value" in study else "-",

@@ -52,8 +52,13 @@ def tuning_dir(results_dir: str | Path, protocol: str) -> Path:
     return Path(results_dir) / "tuning" / protocol
 
 
-def overlay_path(results_dir: str | Path, protocol: str, method: str) -> Path:
-    return tuning_dir(results_dir, protocol) / f"{method}.yaml"
+def overlay_path(
+    results_dir: str | Path, protocol: str, method: str, max_steps: int | None = None
+) -> Path:
+    """Where a study's best configuration goes; a capped study (--max-steps) has its own
+    file, so a smoke study never replaces the full one."""
+    capped = f".max_steps{max_steps}" if max_steps else ""
+    return tuning_dir(results_dir, protocol) / f"{method}{capped}.yaml"
 
 
 def default_storage(results_dir: str | Path, protocol: str) -> str:
@@ -246,7 +251,7 @@ def write_overlay(
     if not complete:
         raise HarnessError(f"the {method} study has no complete trial yet; run tune again")
     best = max(complete, key=lambda t: t.value)
-    path = overlay_path(results_dir, protocol.name, method)
+    path = overlay_path(results_dir, protocol.name, method, max_steps)
     figure = path.with_suffix(".png")
     title = f"{method} on {protocol.name}: {protocol.evaluation.select_by}"
     study_figure([t for t in states if t.state in (COMPLETE, PRUNED)], figure, title)
@@ -337,8 +342,14 @@ def load_overlay(
 ) -> dict[str, Any]:
     """The tuned configuration of `method` under `protocol`; a clear error when there is none,
     it was tuned under another version of the protocol or method, or its trials were capped
-    (--max-steps) and this run (`max_steps`) is not."""
+    (--max-steps) and this run (`max_steps`) is not. A capped run takes the study capped
+    alike, else the full study, else the capped study of the most steps."""
     path = overlay_path(results_dir, protocol.name, method)
+    if max_steps:
+        capped = sorted(tuning_dir(results_dir, protocol.name).glob(f"{method}.max_steps*.yaml"),
+                        key=lambda p: int(p.stem.rsplit("max_steps", 1)[1]))  # fmt: skip
+        same = overlay_path(results_dir, protocol.name, method, max_steps)
+        path = same if same.is_file() else path if path.is_file() or not capped else capped[-1]
     if not path.is_file():
         raise HarnessError(f"no tuned configuration for {method} under {protocol.name} ({path}); "
                            f"run `harness tune --protocol {protocol.name} --method {method}` first")  # fmt: skip

@@ -71,12 +71,14 @@ def test_tune_never_embeds_the_test_split_and_run_tuned_applies_it(learning_val,
     validation = {bytes(img.numpy()) for img in prepared.data.images[prepared.split.validation]}
     assert validation <= embedded  # the trials were scored on the validation classes ...
     assert not embedded & test_images  # ... and never saw a test image
-    overlay = yaml.safe_load((results / "tuning/learning_val/contrastive.yaml").read_text())
+    overlay = yaml.safe_load(
+        (results / "tuning/learning_val/contrastive.max_steps30.yaml").read_text()
+    )  # a capped study has its own file: it never replaces the full study's
     study = overlay["study"]
     assert study["trials"] == 3 and study["folds"] == 1
     assert study["paper_default_value"] is not None  # trial 0 is the paper's configuration
     assert 0.25 <= overlay["hyperparameters"]["margin"] <= 2.0
-    assert (results / "tuning/learning_val/contrastive.png").is_file()
+    assert (results / "tuning/learning_val/contrastive.max_steps30.png").is_file()
     assert "contrastive: best" in capsys.readouterr().out
 
     monkeypatch.setattr(harness.evaluate, "embed", real_embed)
@@ -85,16 +87,17 @@ def test_tune_never_embeds_the_test_split_and_run_tuned_applies_it(learning_val,
     record = json.loads((results / "runs/learning_val/contrastive+tuned/seed0.json").read_text())
     assert record["method"]["hyperparameters"] == overlay["hyperparameters"]
     assert record["tuning"]["trials"] == 3 and record["tuning"]["overlay"].endswith(
-        "contrastive.yaml"
+        "contrastive.max_steps30.yaml"
     )
     board = (results / "LEADERBOARD.md").read_text()
     assert "| contrastive+tuned" in board
-    assert "## Tuning" in board and "(tuning/learning_val/contrastive.png)" in board
+    assert "## Tuning" in board and "(tuning/learning_val/contrastive.max_steps30.png)" in board
+    assert "contrastive (trials capped at 30 steps)" in board
     assert f"margin={overlay['hyperparameters']['margin']:.3g}" in board
     assert overlay["study"]["max_steps"] == 30  # a capped study: not for a full run
     assert main(["-q", "run", "--protocol", learning_val, "--method", "contrastive", "--tuned",
                  "--results-dir", str(results)]) == 2  # fmt: skip
-    assert "capped at --max-steps 30" in capsys.readouterr().err
+    assert "no tuned configuration for contrastive" in capsys.readouterr().err  # only capped
     assert main(["-q", "run", "--protocol", learning_val, "--method", "triplet", "--tuned",
                  "--results-dir", str(results)]) == 2  # fmt: skip
     assert "no tuned configuration for triplet" in capsys.readouterr().err
@@ -133,10 +136,21 @@ def test_an_interrupted_study_resumes_to_exactly_n_trials(learning_val, tmp_path
     best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert overlay["hyperparameters"]["margin"] == best.params["margin"]
     assert "max_steps" not in overlay["study"]
-    # capped trials are another study: never resumed as, or mistaken for, the full one
+    # capped trials are another study: never resumed as, or mistaken for, the full one, and
+    # written to their own file (the full study's stays)
+    full = (tmp_path / "tuning/learning_val/contrastive.yaml").read_text()
     assert main([*args, "--max-steps", "3"]) == 0 and len(calls) == 11
-    overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
+    assert (tmp_path / "tuning/learning_val/contrastive.yaml").read_text() == full
+    overlay = yaml.safe_load(
+        (tmp_path / "tuning/learning_val/contrastive.max_steps3.yaml").read_text()
+    )
     assert overlay["study"]["max_steps"] == 3 and overlay["study"]["name"].endswith("/max_steps3")
+    protocol = load_protocol(learning_val)
+    for cap, chosen in ((3, "contrastive.max_steps3.yaml"), (7, "contrastive.yaml"), (None,
+                        "contrastive.yaml")):  # fmt: skip
+        assert harness.tune.load_overlay(tmp_path, protocol, "contrastive", cap)["path"].endswith(
+            f"/{chosen}"
+        )
 
 
 def test_tune_with_folds_averages_over_them(learning_val, tmp_path, monkeypatch):
@@ -151,6 +165,8 @@ def test_tune_with_folds_averages_over_them(learning_val, tmp_path, monkeypatch)
     assert main(["-q", "tune", "--protocol", learning_val, "--method", "contrastive", "--trials",
                  "1", "--folds", "2", "--max-steps", "5", "--results-dir", str(tmp_path)]) == 0  # fmt: skip
     assert seen == [80, 80]  # 20 pooled classes x 8 images, half trained on in each fold
-    overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
+    overlay = yaml.safe_load(
+        (tmp_path / "tuning/learning_val/contrastive.max_steps5.yaml").read_text()
+    )
     assert overlay["study"]["folds"] == 2 and "mean over folds" in overlay["study"]["objective"]
     assert torch.get_num_threads() >= 1
