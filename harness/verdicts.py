@@ -8,10 +8,12 @@ import argparse
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.metrics.inputs import METRIC_NAMES, UNBOUNDED_METRICS
 from harness.registry import closest
 from harness.results import RunResult, load_results
 from harness.stats import CONFIDENCE, Comparison, benjamini_hochberg, compare, t_interval
@@ -88,7 +90,8 @@ def describe(c: Comparison, scale: float = 100.0) -> str:
         return (f"difference {c.difference * scale:+.2f}; no test: a method has only one "
                 "finished seed (run more seeds: --seeds 0,1,2)")  # fmt: skip
     lo, hi = (c.difference - c.half_width) * scale, (c.difference + c.half_width) * scale
-    return (f"difference {c.difference * scale:+.2f} points, {CONFIDENCE:.0%} CI "
+    unit = " points" if scale == 100.0 else ""
+    return (f"difference {c.difference * scale:+.2f}{unit}, {CONFIDENCE:.0%} CI "
             f"[{lo:+.2f}, {hi:+.2f}] ({c.test} test, n = {c.n}), p = {c.p:.3g}")  # fmt: skip
 
 
@@ -99,6 +102,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--protocol", default="default", help="protocol name or YAML path")
     cmp.add_argument("--metric", help="default: the protocol's main metric (evaluation.select_by)")
     cmp.add_argument("--results-dir", default="results")
+    cmp.add_argument("--max-steps", type=int, help="compare runs capped at this --max-steps "
+                     "(default: full runs only)")  # fmt: skip
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -106,8 +111,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     protocol = load_protocol(args.protocol)
     metric = args.metric or protocol.evaluation.select_by
-    runs = [r for r in load_results(Path(args.results_dir))
-            if r.protocol.hash == protocol.hash and r.training.max_steps is None]  # fmt: skip
+    known = [n for n in METRIC_NAMES if n != "recall@K"]
+    if metric not in known and not re.fullmatch(r"recall@[1-9][0-9]*", metric):
+        raise HarnessError(f"unknown metric {metric!r}{closest(metric, known)}; known: recall@<k> "
+                           f"(e.g. recall@1), {', '.join(known)}")  # fmt: skip
+    everything = [
+        r for r in load_results(Path(args.results_dir)) if r.protocol.hash == protocol.hash
+    ]
+    runs = [r for r in everything if r.training.max_steps == args.max_steps]
+    capped = sorted({r.training.max_steps for r in everything} - {None, args.max_steps})
     values = per_seed(runs, metric)
     for name in (args.a, args.b):
         split = sorted(n for n in values if n.startswith(f"{name}@"))
@@ -121,13 +133,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 f"no finished {protocol.name} run of {name!r} reports {metric} under "
                 f"{args.results_dir} (protocol hash {protocol.hash}){closest(name, values)}; "
                 f"run `harness run --protocol {protocol.name} --method {name.split('+')[0].split('@')[0]}` first"
+                + (
+                    f" (runs capped by --max-steps {', '.join(map(str, capped))} exist: pass "
+                    "compare the same --max-steps)"
+                    if capped
+                    else ""
+                )
             )
     a, b = values[args.a], values[args.b]
-    print(f"{metric} on {protocol.name} (protocol v{protocol.version}, hash {protocol.hash})")
+    scale = 1.0 if metric in UNBOUNDED_METRICS else 100.0  # a ratio is shown as is
+    cap = "" if args.max_steps is None else f", runs capped at {args.max_steps} steps"
+    print(f"{metric} on {protocol.name} (protocol v{protocol.version}, hash {protocol.hash}{cap})")
     for name, v in ((args.a, a), (args.b, b)):
         mean, half = t_interval(list(v.values()))
-        spread = "" if math.isnan(half) else f" ± {half * 100:.2f}"
-        print(f"  {name}: {mean * 100:.2f}{spread} ({len(v)} seed{'s' * (len(v) != 1)}: "
+        spread = "" if math.isnan(half) else f" ± {half * scale:.2f}"
+        print(f"  {name}: {mean * scale:.2f}{spread} ({len(v)} seed{'s' * (len(v) != 1)}: "
               f"{', '.join(map(str, sorted(v)))})")  # fmt: skip
-    print(f"  {args.a} − {args.b}: {describe(compare(a, b))}")
+    print(f"  {args.a} − {args.b}: {describe(compare(a, b), scale)}")
     return 0

@@ -30,7 +30,8 @@ CLUSTERING_METRICS: tuple[str, ...] = ("nmi", "f1")
 #: Metrics that are not fractions in [0, 1] (not clamped, not shown in percent).
 UNBOUNDED_METRICS: tuple[str, ...] = ("lda",)
 
-#: With ``knn_backend="auto"``, faiss serves the top-K when the gallery has more items than this.
+#: With ``knn_backend="auto"`` on CUDA with faiss-gpu, faiss serves the top-K when the gallery
+#: has more items than this (see harness.metrics.report._top_k_backend).
 FAISS_AUTO_MIN_GALLERY = 20_000
 
 KNN_BACKENDS: tuple[str, ...] = ("auto", "faiss", "torch")

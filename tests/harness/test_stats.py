@@ -114,6 +114,29 @@ def test_compare_prints_difference_interval_and_p(tmp_path: Path, capsys):
     assert err.count("\n") == 1 and "no finished smoke run of 'nope'" in err
 
 
+def test_compare_shows_ratios_as_is_names_unknown_metrics_and_capped_runs(tmp_path, capsys):
+    """lda is a ratio (the leaderboard shows 4.25, not 425 points); a misspelt metric is
+    named as such; runs capped by --max-steps are compared only when asked for, and the
+    error says they exist."""
+    smoke = load_protocol("smoke")
+    for name, values in (("a", [4.0, 4.5, 4.25]), ("b", [3.0, 3.5, 3.25])):
+        for seed, v in enumerate(values):
+            record = _result(name, seed, v, smoke.hash)
+            record["metrics"]["lda"] = v
+            record["training"]["max_steps"] = 2
+            path = tmp_path / "runs" / "smoke" / name / f"seed{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record))
+    args = ["compare", "a", "b", "--protocol", "smoke", "--results-dir", str(tmp_path)]
+    assert main([*args, "--metric", "lda"]) == 2
+    assert "runs capped by --max-steps 2 exist" in capsys.readouterr().err
+    assert main([*args, "--metric", "lda", "--max-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "a: 4.25 ± " in out and "difference +1.00, " in out and "points" not in out
+    assert main([*args, "--metric", "map_r", "--max-steps", "2"]) == 2
+    assert "unknown metric 'map_r' (did you mean 'map@r'?)" in capsys.readouterr().err
+
+
 def _versioned(method: str, seed: int, value: float, version: int, hyper: dict, hash_="h1"):
     record = _result(method, seed, value, hash_)
     record["method"].update(version=version, hyperparameters=hyper)
