@@ -393,9 +393,13 @@ def load_results(results_dir: Path) -> list[RunResult]:
 
 
 def archive(path: Path, results_dir: Path) -> Path:
-    """Move a result that is about to be replaced under results/archive/, stamped by time."""
+    """Move a result that is about to be replaced under results/archive/, stamped by time: a
+    run result from runs/<protocol>/... to archive/<protocol>/..., any other record (a cost
+    file, cost/<protocol>.json) to archive/ under its own path (archive/cost/...)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    target = results_dir / "archive" / path.relative_to(results_dir / "runs")
+    results_dir, runs = Path(results_dir), Path(results_dir) / "runs"
+    under = runs if path.is_relative_to(runs) else results_dir
+    target = results_dir / "archive" / path.relative_to(under)
     target = target.with_name(f"{target.stem}-{stamp}.json")
     target.parent.mkdir(parents=True, exist_ok=True)
     path.replace(target)

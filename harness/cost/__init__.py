@@ -16,7 +16,7 @@ the protocol's sampler, so m must be a multiple of K):
   the same steps on the same model and batches, alternated, as a throughput ratio.
 
 `measure.py` runs all of it for a protocol; `report.py` writes results/cost/<protocol>.json
-and renders the markdown for the leaderboard. The command line (and all printing) is in
+(merged with the file there when it was measured comparably, else archiving it) and renders the markdown for the leaderboard. The command line (and all printing) is in
 `harness.cli`.
 """
 
@@ -38,8 +38,11 @@ from harness.cost.report import (
     devices_path,
     devices_table,
     figure_path,
+    incomparable,
+    merge_cost,
     overhead_line,
     read_cost,
+    replace_record,
     write_cost,
 )
 from harness.cost.scaling import (
@@ -69,15 +72,18 @@ __all__ = [
     "figure_path",
     "fit_power_law",
     "fits",
+    "incomparable",
     "measure_cost",
     "measure_devices",
     "measure_overhead",
     "measure_scaling",
     "measure_throughput",
+    "merge_cost",
     "overhead_method",
     "overhead_line",
     "parse_batch_sizes",
     "parse_counts",
     "read_cost",
+    "replace_record",
     "write_cost",
 ]

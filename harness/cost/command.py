@@ -95,6 +95,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         cost_table,
         figure_path,
         measure_cost,
+        merge_cost,
         overhead_line,
         parse_batch_sizes,
         write_cost,
@@ -118,23 +119,27 @@ def cmd_cost(args: argparse.Namespace) -> int:
         breakdown=args.overhead_breakdown, overhead_on=getattr(args, "overhead_method", None),
     )  # fmt: skip
     results_dir = Path(args.results_dir)
-    figure = cost_figure(record, figure_path(results_dir, protocol.name))
-    record["figure"] = str(figure.relative_to(results_dir))
-    path = write_cost(record, results_dir)
-    if args.json:
-        print(json.dumps(record["methods"], indent=2))
+    written = merge_cost(record, results_dir)  # the file's other methods, when comparable
+    figure = cost_figure(written, figure_path(results_dir, protocol.name))
+    written["figure"] = str(figure.relative_to(results_dir))
+    path = write_cost(written, results_dir)  # archives the file it does not merge
+    if args.json:  # the rows measured now, as written (with their `measured`)
+        rows = {e["method"]: e for e in written["methods"]}
+        print(json.dumps([rows[e["method"]] for e in record["methods"]], indent=2))
     else:
         print(cost_table(record))
         print()
         print(overhead_line(record))
-        print(f"written: {path}, {figure} ({record['seconds']:.0f} s)")
+        kept = len(written["methods"]) - len(record["methods"])
+        merged = f" (and {kept} earlier method row(s) kept)" if kept else ""
+        print(f"written: {path}{merged}, {figure} ({record['seconds']:.0f} s)")
     return 1 if any(e["status"] == "failed" for e in record["methods"]) else 0
 
 
 def _cost_devices(args: argparse.Namespace, protocol: Protocol, names: list[str]) -> int:
     """`cost --devices`: write results/cost/devices/<protocol>.json and print its table."""
     from harness.cost import devices_path, devices_table, measure_devices, parse_counts
-    from harness.results import write_json_atomic
+    from harness.cost.report import replace_record
 
     if len(names) != 1 or not args.methods:
         raise HarnessError("--devices measures one method: name it with --methods NAME")
@@ -143,7 +148,7 @@ def _cost_devices(args: argparse.Namespace, protocol: Protocol, names: list[str]
                              threads_per_rank=args.threads_per_process,
                              data_root=args.data_root)  # fmt: skip
     path = devices_path(Path(args.results_dir), protocol.name)
-    write_json_atomic(path, record)
+    replace_record(path, record, Path(args.results_dir))
     if args.json:
         print(json.dumps(record["rows"], indent=2))
     else:
@@ -156,8 +161,8 @@ def _cost_pipeline(args: argparse.Namespace, protocol: Protocol) -> int:
     """`cost --pipeline`: write results/cost/pipeline/<protocol>.json and print it."""
     import methods  # noqa: F401  (registers every method)
     from harness.cost.pipeline import measure_pipeline, parse_workers
+    from harness.cost.report import replace_record
     from harness.devices import resolve_device
-    from harness.results import write_json_atomic
 
     counts = parse_workers(args.workers)
     asked = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
@@ -168,7 +173,7 @@ def _cost_pipeline(args: argparse.Namespace, protocol: Protocol) -> int:
                               steps=args.steps, method=asked[0] if asked else None,
                               decoder=args.decoder)  # fmt: skip
     path = Path(args.results_dir) / "cost" / "pipeline" / f"{protocol.name}.json"
-    write_json_atomic(path, record)
+    replace_record(path, record, Path(args.results_dir))
     if args.json:
         print(json.dumps(record, indent=2))
         return 0

@@ -18,6 +18,7 @@ not be on the machine), which the record says. `decoder="torch"` measures the to
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from harness.errors import HarnessError
 WARMUP_BATCHES = 4
 DEFAULT_BATCHES = 24
 ROUNDS = 5  # each count is timed this many times, alternated with the others; the best counts
+
+log = logging.getLogger(__name__)
 
 
 def default_counts() -> list[int]:
@@ -99,15 +102,19 @@ def measure_pipeline(
     feeders = {w: Feeder(images, augment, w, device.type == "cuda") for w in counts}
     clock = PhaseTimer(device)  # its now() waits for the torch decoder's queued kernels
     try:
-        for feeder in feeders.values():  # worker start-up, first decodes: not timed
+        for w, feeder in feeders.items():  # worker start-up, first decodes: not timed
+            log.info("pipeline: %d worker(s): warming up (%d batches)", w, WARMUP_BATCHES)
             sum(1 for _ in feeder.batches(keys[:WARMUP_BATCHES]))
         rates: dict[int, list[float]] = {w: [] for w in counts}
-        for _ in range(ROUNDS):  # alternated, so a slow spell of the machine hits every count
+        for r in range(ROUNDS):  # alternated, so a slow spell of the machine hits every count
             for w, feeder in feeders.items():
                 begin = clock.now()
                 timed = keys[WARMUP_BATCHES : WARMUP_BATCHES + sizes[w]]
                 n = sum(len(x) for _, _, x in feeder.batches(timed))
                 rates[w].append(round(n / (clock.now() - begin), 1))
+                log.info("pipeline: round %d/%d, %d worker(s): %.0f images/s (%d batches); %.0f s",
+                         r + 1, ROUNDS, w, rates[w][-1], sizes[w],
+                         time.perf_counter() - started)  # fmt: skip
     finally:
         for feeder in feeders.values():
             feeder.close()
@@ -161,6 +168,8 @@ def _data_wait(
                         protocol.seeds[0], device, in_channels=data.images.shape[1],
                         num_classes=len(np.unique(labels)), num_coarse_classes=None)  # fmt: skip
     feeder = Feeder(data.images[split.train], augment, workers, device.type == "cuda")
+    log.info("pipeline: data-wait share: %d training steps of %s, %d worker(s)", steps, method,
+             workers)  # fmt: skip
     try:
         measured = measure_throughput(model.backbone, model.method, prepared, timed, device,
                                       steps=steps, warmup=WARMUP_BATCHES, seed=protocol.seeds[0],

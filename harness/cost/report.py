@@ -4,6 +4,7 @@ per-method table, the harness-overhead line and the leaderboard's "Cost" section
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from harness.errors import HarnessError
 from harness.fingerprint import describe
 
 COST_SCHEMA = 1
+
+log = logging.getLogger(__name__)
 
 
 def cost_path(results_dir: Path, protocol: str) -> Path:
@@ -27,12 +30,115 @@ def figure_path(results_dir: Path, protocol: str) -> Path:
     return Path(results_dir) / "figures" / f"cost_{protocol}.png"
 
 
+def replace_record(path: Path, record: dict[str, Any], results_dir: Path, why: str = "") -> Path:
+    """Write a cost record to `path`; a file already there is moved under
+    <results_dir>/archive/ first (the same helper as a replaced run result's), with one log
+    line saying where it went and why: a record is never lost silently."""
+    from harness.results import archive, write_json_atomic
+
+    if path.is_file():
+        moved = archive(path, Path(results_dir))
+        log.info("archived the previous %s to %s%s", path, moved, f" ({why})" if why else "")
+    write_json_atomic(path, record)
+    return path
+
+
 def write_cost(record: dict[str, Any], results_dir: Path) -> Path:
+    """Write results/cost/<protocol>.json. The file there is replaced in place only when
+    `record` holds every method row of it (`merge_cost` made it so) and was measured
+    comparably (`incomparable`); otherwise it is archived first."""
     from harness.results import write_json_atomic
 
     path = cost_path(results_dir, record["protocol"]["name"])
-    write_json_atomic(path, record)
-    return path
+    why = _not_held(path, record)
+    if why is None:
+        write_json_atomic(path, record)
+        return path
+    return replace_record(path, record, results_dir, why)
+
+
+def _not_held(path: Path, record: dict[str, Any]) -> str | None:
+    """Why writing `record` over the cost file at `path` would lose some of it; None when
+    there is no file or `record` holds all of it, measured comparably."""
+    if not path.is_file():
+        return None
+    try:
+        old = read_cost(path)
+    except HarnessError as exc:
+        return f"unreadable: {exc}"
+    new = {e["method"] for e in record["methods"]}
+    missing = sorted(e["method"] for e in old["methods"] if e["method"] not in new)
+    why = incomparable(old, record)
+    if not why and missing:
+        why = f"not re-measured: {', '.join(missing)}"
+    return why or None
+
+
+# What must agree between two cost records for their rows to share one table: the protocol
+# (by hash), every measurement setting (batch sizes, repeats, throughput steps, ...), and the
+# machine, since times from another machine, device, thread count or library build (the
+# fingerprint's id) are not comparable.
+_HARDWARE = ("machine_id", "device", "gpu", "cpu_count", "torch_threads")
+
+
+def incomparable(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """Why the rows of cost record `old` cannot sit beside `new`'s ('' when they can)."""
+    if old["protocol"].get("hash") != new["protocol"].get("hash"):
+        return f"protocol hash {old['protocol'].get('hash')} -> {new['protocol'].get('hash')}"
+    keys = sorted(set(old["settings"]) | set(new["settings"]))
+    changed = [k for k in keys if old["settings"].get(k) != new["settings"].get(k)]
+    if changed:
+        return f"settings differ: {', '.join(changed)}"
+    env_old, env_new = old.get("environment") or {}, new.get("environment") or {}
+    hw_old, hw_new = env_old.get("hardware") or {}, env_new.get("hardware") or {}
+    changed = [k for k in _HARDWARE if hw_old.get(k) != hw_new.get(k)]
+    if (env_old.get("fingerprint") or {}).get("id") != (env_new.get("fingerprint") or {}).get("id"):
+        changed.append("fingerprint")
+    return f"measured on other hardware: {', '.join(changed)}" if changed else ""
+
+
+def provenance(record: dict[str, Any]) -> dict[str, Any]:
+    """When and from which commit a record was measured (its top level): what each method
+    row and the overhead carry as `measured` once records are merged."""
+    env = record.get("environment") or {}
+    return {"created_at": record.get("created_at"), "git_commit": env.get("git_commit"),
+            "git_dirty": env.get("git_dirty")}  # fmt: skip
+
+
+def _stamped(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with `measured` on every method row and the overhead that lack one."""
+    when = provenance(record)
+    methods = [e if "measured" in e else {**e, "measured": when} for e in record["methods"]]
+    overhead = record.get("overhead")
+    if overhead and "measured" not in overhead:
+        overhead = {**overhead, "measured": when}
+    return {**record, "methods": methods, "overhead": overhead}
+
+
+def merge_cost(record: dict[str, Any], results_dir: Path) -> dict[str, Any]:
+    """What `cost` writes: `record`, with the other methods' rows of the file already at
+    results/cost/<protocol>.json kept when that file was measured comparably (see
+    `incomparable`): re-measuring some methods then updates their rows and leaves the
+    others. Every row (and the overhead) says in `measured` when and from which commit it
+    came; the top level (created_at, environment, seconds) describes the latest measurement.
+    The overhead is the new one, else the file's. Otherwise `record` alone (write_cost then
+    archives the file)."""
+    record = _stamped(record)
+    path = cost_path(results_dir, record["protocol"]["name"])
+    try:
+        old = read_cost(path) if path.is_file() else None
+    except HarnessError:
+        return record
+    if old is None or incomparable(old, record):
+        return record
+    old = _stamped(old)
+    fresh = {e["method"]: e for e in record["methods"]}
+    kept = [e["method"] for e in old["methods"] if e["method"] not in fresh]
+    methods = [fresh.pop(e["method"], e) for e in old["methods"]] + list(fresh.values())
+    if kept:
+        log.info("merged into %s: %d method(s) measured now, %d kept from earlier (%s)",
+                 path, len(record["methods"]), len(kept), ", ".join(kept))  # fmt: skip
+    return {**record, "methods": methods, "overhead": record.get("overhead") or old.get("overhead")}
 
 
 def read_cost(path: Path) -> dict[str, Any]:
@@ -142,6 +248,10 @@ def overhead_line(record: dict[str, Any]) -> str:
     if o.get("breakdown"):
         parts = ", ".join(f"{k} {v:.3f}" for k, v in o["breakdown"].items())
         text += f" Bare loop plus one piece, throughput ratio: {parts}."
+    when = o.get("measured") or {}
+    if when and when.get("created_at") != record.get("created_at"):  # kept by a merge
+        text += (f" (Measured {str(when.get('created_at') or '?')[:10]}, commit "
+                 f"{str(when.get('git_commit') or '?')[:10]}, before the latest rows.)")  # fmt: skip
     return text
 
 
@@ -182,10 +292,12 @@ def cost_section(results_dir: Path) -> str:
             cost_table(record),
             "",
             overhead_line(record),
-            f"Measured {str(record.get('created_at', '?'))[:10]} on {hw.get('device', '?')} "
-            f"({hw.get('cpu_count', '?')} CPUs, {hw.get('torch_threads', '?')} torch threads), "
-            f"commit {str(env.get('git_commit', '?'))[:10]}; "
-            f"{describe(env.get('fingerprint'))}.",
+            _sessions(
+                record,
+                f"on {hw.get('device', '?')} ({hw.get('cpu_count', '?')} CPUs, "
+                f"{hw.get('torch_threads', '?')} torch threads)",
+            )
+            + f"; {describe(env.get('fingerprint'))}.",
             "",
             f"![cost of mining against batch size](figures/cost_{p['name']}.png)",
         ]
@@ -195,6 +307,28 @@ def cost_section(results_dir: Path) -> str:
     for devices in alone:
         lines += ["", f"## Cost: {devices.stem}", *devices_section(read_cost(devices))]
     return "\n".join(lines) + "\n"
+
+
+def _sessions(record: dict[str, Any], where: str) -> str:
+    """The line saying when and from which commit the rows were measured: one day and
+    commit for a record measured at once; for a merged one, each measurement (from the
+    rows' `measured`) with its methods."""
+    top = provenance(record)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for e in record["methods"]:
+        m = e.get("measured") or top
+        groups.setdefault((str(m.get("created_at") or "?"), str(m.get("git_commit") or "?")),
+                          []).append(e["method"])  # fmt: skip
+    if len(groups) <= 1:
+        when, commit = next(
+            iter(groups), (str(top["created_at"] or "?"), str(top["git_commit"] or "?"))
+        )
+        return f"Measured {when[:10]} {where}, commit {commit[:10]}"
+    parts = [f"{when[:16].replace('T', ' ')}, commit {commit[:10]}: "
+             + (", ".join(names) if len(names) <= 4 else f"{len(names)} methods")
+             for (when, commit), names in groups.items()]  # fmt: skip
+    return (f"Measured {where} in {len(groups)} runs of the command, each row's time and "
+            f"commit in its `measured` ({'; '.join(parts)})")  # fmt: skip
 
 
 def devices_table(record: dict[str, Any]) -> str:
