@@ -211,6 +211,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     names = (
         METHODS.names() if args.all else [m.strip() for m in args.method.split(",") if m.strip()]
     )
+    if not names:
+        raise HarnessError(f"--method {args.method!r} names no method: give NAME[,NAME...] "
+                           "(`python -m harness ls` lists them) or --all")  # fmt: skip
     specs = plan(
         protocol,
         names,
