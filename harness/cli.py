@@ -180,6 +180,9 @@ def cmd_data(args: argparse.Namespace) -> int:
         args.quick = True  # then check what was extracted
     from harness.data.verify import verify
 
+    if not args.data_root.is_dir():  # a typo, not a dataset that fails its counts (exit 1)
+        raise HarnessError(f"--data-root {args.data_root} is not a directory; pass the folder "
+                           f"that holds {args.dataset}")  # fmt: skip
     ok, report = verify(args.dataset, args.data_root, decode=not args.quick)
     print(report)
     return 0 if ok else 1
@@ -249,13 +252,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                                args.gpus_per_run or 0.0, progress=not args.quiet)  # fmt: skip
         else:
             counts = sweep(specs, progress=not args.quiet)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(
             "\ninterrupted: finished runs and the last epoch checkpoint are saved; run the "
             "same command again to resume",
             file=sys.stderr,
         )
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130  # 128 + SIGTERM, 128 + SIGINT
     finally:
         signal.signal(signal.SIGTERM, previous)
     if here.active:
@@ -301,9 +304,13 @@ def _join_torchrun(args: argparse.Namespace):  # -> harness.distributed.Dist
     return here
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is; the exit status says which it was (143, not 130)."""
+
+
 def _terminate(signum: int, frame: object) -> None:
     """SIGTERM stops a sweep like Ctrl-C: cleanly, resumable."""
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
