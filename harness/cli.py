@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --update: how many seeds (0..N-1) the baseline records (default 20)",
     )  # fmt: skip
 
-    val = sub.add_parser("validate", help="check protocol files")
+    val = sub.add_parser("validate", help="check protocol files as `run` does before training "
+                         "(names, types, datasets, backbones, methods and hyperparameters)")  # fmt: skip
     val.add_argument("paths", nargs="*", help="default: every shipped protocol")
 
     add_data_parser(sub)
@@ -420,6 +421,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Each protocol parsed and given the checks `run` makes before its first run that need no
+    data (harness.preflight: dataset, backbone, methods and their hyperparameters)."""
+    _load_methods()
+    from harness.preflight import check_protocol
     from harness.protocol import PROTOCOL_DIR, load_protocol
 
     paths = args.paths or [str(p) for p in sorted(PROTOCOL_DIR.glob("*.yaml"))]
@@ -427,6 +432,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for path in paths:
         try:
             p = load_protocol(path)
+            check_protocol(p)
         except HarnessError as exc:
             print(f"error: {exc}", file=sys.stderr)
             bad += 1

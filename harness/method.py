@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,7 +31,7 @@ from torch import nn
 
 from harness.errors import HarnessError
 from harness.registry import Registry, closest
-from harness.search import SearchSpace, check_space
+from harness.search import Choice, Float, Int, SearchSpace, check_space
 
 if TYPE_CHECKING:
     from harness.protocol import Protocol
@@ -214,19 +216,106 @@ class MethodSpec:
         params = inspect.signature(self.build).parameters.values()
         return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
-    def hyperparameters(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        """Defaults with the protocol's overrides; an unknown override is an error. Tuples
-        become lists, as in the YAML and the result JSON, so a rerun compares equal."""
+    def hyperparameters(self, overrides: dict[str, Any], where: str = "") -> dict[str, Any]:
+        """Defaults with the overrides (from `where`: a protocol's methods.<name>, a tuning
+        overlay); an unknown name or a value of the wrong type is an error here, before any
+        training, not a TypeError deep in a loss. Tuples become lists, as in the YAML and the
+        result JSON, so a rerun compares equal."""
+        prefix = f"{where}: " if where else ""
+        if not isinstance(overrides, dict):
+            raise HarnessError(f"{prefix}expected a mapping of {self.name}'s hyperparameters, "
+                               f"got {overrides!r}")  # fmt: skip
         defaults = self.defaults()
-        for key in overrides:
+        kinds = self.kinds()
+        for key, value in overrides.items():
             if key not in defaults:
                 known = ", ".join(defaults) or "none"
                 raise HarnessError(
-                    f"method {self.name} has no hyperparameter {key!r}"
+                    f"{prefix}method {self.name} has no hyperparameter {key!r}"
                     f"{closest(key, list(defaults))}; it takes: {known}"
                 )
+            if not _fits(value, kinds[key]):
+                at = f"{where}.{key}" if where else key
+                raise HarnessError(
+                    f"{at}: method {self.name} takes {_describe(kinds[key])} for {key}, got "
+                    f"{type(value).__name__} {value!r} (its default: {_plain(defaults[key])!r})"
+                )
         merged = {**defaults, **overrides}
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
+        return {k: _plain(v) for k, v in merged.items()}
+
+    def kinds(self) -> dict[str, Any]:
+        """What each hyperparameter takes (see _kind): from its annotation where the build
+        function declares a plain one, else from its default."""
+        try:
+            params = inspect.signature(self.build, eval_str=True).parameters.values()
+        except Exception:  # an annotation that does not evaluate here: go by the defaults
+            params = inspect.signature(self.build).parameters.values()
+        return {p.name: _kind(p.annotation, p.default) for p in params
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    """A tuple as the list the YAML writes."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+# A hyperparameter's kind: float (a number: int or float), int, bool, str, ("list", item
+# kind), ("optional", kind) or None (anything). bool is neither an int nor a number here.
+_PLAIN = (bool, int, float, str)
+
+
+def _kind(annotation: Any, default: Any) -> Any:
+    """The kind of a keyword argument: its annotation's, where it is declared (and is a plain
+    type, a list or tuple of one, or one of those or None); else its default's. An undeclared
+    int default takes any number: third-party signatures write 1 where they mean 1.0."""
+    if annotation is not inspect.Parameter.empty and not isinstance(annotation, str):
+        return _annotated_kind(annotation)
+    if default is None or isinstance(default, (bool, str)):
+        return None if default is None else type(default)
+    if isinstance(default, (int, float)):
+        return float
+    if isinstance(default, (list, tuple)):
+        items = {_kind(inspect.Parameter.empty, v) for v in default}
+        return ("list", items.pop() if len(items) == 1 else None)
+    return None
+
+
+def _annotated_kind(tp: Any) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp in _PLAIN:
+        return tp
+    if origin in (list, tuple):
+        return ("list", _annotated_kind(args[0]) if args else None)
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = _annotated_kind(next(a for a in args if a is not type(None)))
+        return None if inner is None else ("optional", inner)
+    return None
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    if kind is None:
+        return True
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind in (bool, str):
+        return isinstance(value, kind)
+    if kind[0] == "optional":
+        return value is None or _fits(value, kind[1])
+    return isinstance(value, (list, tuple)) and all(_fits(v, kind[1]) for v in value)
+
+
+_NAMES = {float: ("a number", "numbers"), int: ("an integer", "integers"),
+          bool: ("true or false", "booleans"), str: ("a string", "strings")}  # fmt: skip
+
+
+def _describe(kind: Any) -> str:
+    if kind in _NAMES:
+        return _NAMES[kind][0]
+    if kind[0] == "optional":
+        return f"{_describe(kind[1])} or null"
+    return f"a list of {_NAMES[kind[1]][1]}" if kind[1] in _NAMES else "a list"
 
 
 METHODS: Registry[MethodSpec] = Registry("method")
@@ -234,8 +323,10 @@ METHODS: Registry[MethodSpec] = Registry("method")
 
 def protocol_hyperparameters(protocol: Protocol, name: str) -> dict[str, Any]:
     """The method's hyperparameters under a protocol: its defaults with the protocol's
-    overrides (an unknown override is an error). The one place runs and cost resolve them."""
-    return METHODS.get(name).hyperparameters(protocol.method_overrides(name))
+    overrides (an unknown override or one of the wrong type is an error). The one place runs,
+    tuning and cost resolve them."""
+    where = f"{protocol.path}: methods.{name}" if protocol.path else f"methods.{name}"
+    return METHODS.get(name).hyperparameters(protocol.method_overrides(name), where)
 
 
 def family_of(name: str) -> str:
@@ -263,6 +354,12 @@ def register_method(
         summary = doc.splitlines()[0] if doc else ""
         spec = MethodSpec(name, version, build, family, paper, needs_coarse_labels, summary)
         space = check_space(name, dict(search or {}), spec.defaults())
+        for key, rng in space.items():  # what tuning may suggest must fit the build function
+            ends = rng.values if isinstance(rng, Choice) else (rng.low, rng.high)
+            cast = float if isinstance(rng, Float) else int if isinstance(rng, Int) else None
+            for value in ends:
+                spec.hyperparameters({key: cast(value) if cast else value},
+                                     f"method {name}: search")  # fmt: skip
         METHODS.add(name, dataclasses.replace(spec, search=space))
         return build
 

@@ -29,6 +29,7 @@ from harness.registry import closest
 from harness.shipped import PROTOCOL_DIR
 
 SCHEMA_VERSION = 1
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 
 
 def _check(condition: bool, message: str) -> None:
@@ -234,6 +235,10 @@ class Protocol:
 
     def __post_init__(self) -> None:
         _check(self.schema == SCHEMA_VERSION, f"schema must be {SCHEMA_VERSION}")
+        # the name is a folder under --results-dir: one plain path component, no '/' or '..'
+        _check(bool(re.fullmatch(NAME_PATTERN, self.name)),
+               f"name must start with a letter or digit and hold only letters, digits, '_', "
+               f"'.' and '-' (it names the results folder), got {self.name!r}")  # fmt: skip
         _check(self.version >= 1, "version must be >= 1")
         _check(self.embedding_dim >= 1, "embedding_dim must be >= 1")
         problem = seed_problem(self.seeds)  # at least one, each in [0, 2**32), none twice
@@ -380,6 +385,9 @@ def load_protocol(name_or_path: str) -> Protocol:
                 f"unknown protocol {name_or_path!r}{closest(name_or_path, known)}; "
                 f"known: {', '.join(known)} (or pass a path to a .yaml file)"
             )
+    if path.is_dir():
+        raise HarnessError(f"{path} is a directory, not a protocol file: pass a protocol's "
+                           ".yaml file (or a shipped protocol's name)")  # fmt: skip
     if not path.is_file():
         raise HarnessError(f"protocol file {path} does not exist")
     try:

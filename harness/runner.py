@@ -9,7 +9,6 @@ same command again; a result that would be replaced is archived, never lost.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import time
@@ -26,15 +25,15 @@ import torch.nn.functional as F
 
 import harness
 from harness import distributed
-from harness.data import DATASETS, LabelledImages, default_cache_dir
+from harness.data import LabelledImages, default_cache_dir
 from harness.devices import resolve_device
 from harness.errors import HarnessError
 from harness.evaluate import evaluate, retrieval_record, selection_score
 from harness.locks import run_lock
 from harness.method import METHODS, MethodSpec, protocol_hyperparameters
 from harness.model import Model, build_model
+from harness.preflight import check_dataset, check_protocol
 from harness.protocol import Protocol, load_protocol
-from harness.registry import closest
 from harness.results import (
     DatasetInfo,
     Environment,
@@ -142,8 +141,7 @@ def plan(
     """One resolved RunSpec per (method, seed): the protocol parsed once, each method's
     hyperparameters resolved once (with `tuned`, the configuration `harness tune` found on
     validation classes); unknown methods, bad overrides and missing tunings fail before any run."""
-    hyper = {name: protocol_hyperparameters(protocol, name)
-             for name in methods}  # fmt: skip
+    hyper = check_protocol(protocol, methods)  # what `validate` checks too
     tuning: dict[str, dict[str, Any] | None] = dict.fromkeys(methods)
     if tuned:
         from harness.tune import load_overlay
@@ -151,13 +149,10 @@ def plan(
         for name in methods:
             overlay = load_overlay(options.get("results_dir", "results"), protocol, name,
                                    options.get("max_steps"))  # fmt: skip
-            hyper[name] = METHODS.get(name).hyperparameters(overlay["hyperparameters"])
-            tuning[name] = {**overlay["study"], "overlay": overlay["path"]}
-    for name in protocol.methods:
-        if name not in METHODS:
-            raise HarnessError(
-                f"{protocol.path}: methods: unknown method {name!r}{closest(name, METHODS.names())}"
+            hyper[name] = METHODS.get(name).hyperparameters(
+                overlay.get("hyperparameters"), f"{overlay['path']}: hyperparameters"
             )
+            tuning[name] = {**overlay["study"], "overlay": overlay["path"]}
     _check_weights(protocol, options.get("weights"))
     asked = tuple(seeds if seeds is not None else protocol.seeds)
     specs = [
@@ -197,16 +192,7 @@ def prepare_data(protocol: Protocol, data_root: str | None) -> PreparedData:
                      sort_keys=True)  # fmt: skip
     if key in _DATA_CACHE:
         return _DATA_CACHE[key]
-    builder = DATASETS.get(protocol.dataset.name)
-    allowed = [
-        p for p in inspect.signature(builder).parameters if p not in ("data_root", "cache_dir")
-    ]
-    for param in protocol.dataset.params:
-        if param not in allowed:
-            raise HarnessError(
-                f"{protocol.path}: dataset.params: {protocol.dataset.name} has no parameter "
-                f"{param!r}{closest(param, allowed)}; it takes: {', '.join(allowed)}"
-            )
+    builder = check_dataset(protocol)
     root = Path(data_root).expanduser() if data_root else None
     if root is not None and not root.is_dir():
         raise HarnessError(f"--data-root {root} is not a directory")

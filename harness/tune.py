@@ -34,6 +34,7 @@ from harness.devices import resolve_device
 from harness.errors import HarnessError
 from harness.evaluate import selection_score
 from harness.method import METHODS, protocol_hyperparameters
+from harness.preflight import check_protocol
 from harness.protocol import Protocol, load_protocol
 from harness.runner import prepare_data, train_model
 from harness.splits import Split
@@ -378,8 +379,7 @@ def tune(protocol_name: str, methods: list[str], trials: int, **options: Any) ->
     needs_validation(protocol)
     if trials < 1 or not math.isfinite(trials):
         raise HarnessError(f"--trials must be at least 1, got {trials}")
-    for m in methods:
-        METHODS.get(m)  # unknown names fail before any training
+    check_protocol(protocol, methods)  # unknown names and bad values fail before any training
     return {m: tune_method(protocol, m, trials, **options) for m in methods}
 
 

@@ -68,7 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _cost_methods(args: argparse.Namespace, protocol: Protocol) -> list[str]:
     """The methods --methods names (default: every registered one), each checked against the
     registry and the protocol's overrides before anything is measured."""
-    from harness.method import METHODS, protocol_hyperparameters
+    from harness.method import METHODS
+    from harness.preflight import check_protocol
 
     if getattr(args, "methods", None):
         names = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
@@ -76,8 +77,7 @@ def _cost_methods(args: argparse.Namespace, protocol: Protocol) -> list[str]:
             raise HarnessError("--methods: give at least one method name")
     else:
         names = METHODS.names()
-    for name in names:
-        protocol_hyperparameters(protocol, name)
+    check_protocol(protocol, names)  # what run and validate check, before any measurement
     asked = getattr(args, "overhead_method", None)
     if asked is not None and asked not in names:
         METHODS.get(asked)  # an unknown name: "did you mean"

@@ -58,6 +58,22 @@ def run_with(change=None, text=None, extra=()):
     return args
 
 
+def validate_with(change):
+    """`validate` on the smoke protocol with one change: it rejects what `run` rejects before
+    training (an ok from validate and a refusal from run is the defect these cases catch)."""
+    return lambda tmp: ["validate", protocol(tmp, change)]
+
+
+def fixed_protocol(change, *extra: str):
+    """run with the changed smoke protocol and the given method options."""
+
+    def args(tmp: Path) -> list[str]:
+        return ["run", "--protocol", protocol(tmp, change), "--results-dir", str(tmp / "results"),
+                *extra]  # fmt: skip
+
+    return args
+
+
 def omniglot_zip(tmp: Path, files: dict[str, bytes]) -> Path:
     root = tmp / "omni"
     root.mkdir()
@@ -171,6 +187,24 @@ CASES = {
     "unknown backbone param": (run_with(setkey("backbone.params.widht", 3)), "bad backbone.params"),
     "override for unknown method": (run_with(setkey("methods.contrastve", {})), "did you mean 'contrastive'"),
     "unknown hyperparameter": (run_with(setkey("methods.contrastive", {"margn": 1})), "did you mean 'margin'"),
+    "hyperparameter a string": (run_with(setkey("methods.contrastive", {"margin": "fast"})), "methods.contrastive.margin: method contrastive takes a number for margin, got str 'fast'"),
+    "hyperparameter a list": (run_with(setkey("methods.proxy_anchor", {"alpha": [1, 2]})), "methods.proxy_anchor.alpha: method proxy_anchor takes a number for alpha, got list [1, 2]"),
+    "hyperparameter a bool": (run_with(setkey("methods.contrastive", {"margin": True})), "takes a number for margin, got bool True"),
+    "hyperparameter of a method not run": (fixed_protocol(setkey("methods.triplet", {"margin": "x"}), "--method", "contrastive"), "methods.triplet.margin"),
+    "protocol name leaves the results folder": (run_with(setkey("name", "../../escape")), "name must start with a letter or digit"),
+    "protocol name with a slash": (run_with(setkey("name", "a/b")), "(it names the results folder), got 'a/b'"),
+    "protocol path a directory": (lambda tmp: ["run", "--all", "--protocol", str(tmp)], "is a directory, not a protocol file: pass a protocol's .yaml file"),
+    # validate: what run rejects before training, validate rejects with the same line
+    "validate: unknown dataset param": (validate_with(setkey("dataset.params.foo", 1)), "dataset.params: glyphs has no parameter 'foo'"),
+    "validate: unknown dataset": (validate_with(setkey("dataset.name", "glyph")), "did you mean 'glyphs'"),
+    "validate: unknown backbone": (validate_with(setkey("backbone.name", "conv5")), "backbone.name: unknown backbone 'conv5' (did you mean 'conv4'?)"),
+    "validate: unknown backbone param": (validate_with(setkey("backbone.params.widht", 3)), "bad backbone.params: backbone conv4 has no parameter 'widht'"),
+    "validate: override for unknown method": (validate_with(setkey("methods.contrastiv", {})), "methods: unknown method 'contrastiv' (did you mean 'contrastive'?)"),
+    "validate: unknown hyperparameter": (validate_with(setkey("methods.contrastive", {"margn": 1})), "did you mean 'margin'"),
+    "validate: hyperparameter a string": (validate_with(setkey("methods.contrastive", {"margin": "fast"})), "takes a number for margin, got str 'fast'"),
+    "validate: hyperparameter a list": (validate_with(setkey("methods.proxy_anchor", {"alpha": [1, 2]})), "takes a number for alpha, got list [1, 2]"),
+    "validate: protocol name": (validate_with(setkey("name", "../../escape")), "name must start with a letter or digit"),
+    "validate: a directory": (lambda tmp: ["validate", str(tmp)], "is a directory, not a protocol file"),
     # YAML keys, types and ranges
     "misspelt top-level key": (run_with(setkey("embeding_dim", 8)), "did you mean 'embedding_dim'"),
     "misspelt nested key": (run_with(setkey("sampler.images_per_clas", 4)), "did you mean 'images_per_class'"),

@@ -122,3 +122,15 @@ def test_an_installed_harness_records_no_git_commit(monkeypatch):
 
     monkeypatch.setattr(harness.results, "source_tree", lambda: None)
     assert harness.results._git("rev-parse", "HEAD") == ""
+
+
+@pytest.mark.parametrize("name", ["../../escape", "..", ".hidden", "a/b", "a\\b", "", "-x", "a b"])
+def test_a_name_that_is_not_one_plain_folder_name_is_an_error(name: str):
+    """The name is the results folder under --results-dir: nothing that leaves it."""
+    with pytest.raises(HarnessError, match="name must start with a letter or digit"):
+        parse_protocol(with_change("name", name), "x.yaml")
+
+
+def test_shipped_protocol_names_and_plain_ones_are_accepted():
+    for name in [*protocol_names(), "fair_cub200", "v1.2-test", "A9"]:
+        assert parse_protocol(with_change("name", name), "x").name == name
