@@ -329,6 +329,8 @@ def check(
 ) -> tuple[bool, str]:
     """Run the check (or, with update_reason, remake the baselines); returns (passed, report)."""
     names = methods or METHODS.names()
+    for name in names:  # a misspelt name: one line, before any folder is made
+        METHODS.get(name)
     protocol = load_protocol(protocol_name)
     path = baseline_path(protocol.name, baseline_dir)
     if update_reason is not None:

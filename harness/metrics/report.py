@@ -223,9 +223,10 @@ def _split(
     dev: torch.device,
 ) -> Split:
     """Checked tensors on ``dev``, with labels as ids shared by queries and gallery."""
-    q_emb = to_embeddings(query_embeddings, "query embeddings", dev)
-    q_lab = to_labels(query_labels, "query labels", dev)
-    check_counts(q_emb, q_lab, "query")
+    what = "query" if gallery_embeddings is not None else "the"  # all-vs-all: no queries as such
+    q_emb = to_embeddings(query_embeddings, f"{what} embeddings", dev)
+    q_lab = to_labels(query_labels, f"{what} labels", dev)
+    check_counts(q_emb, q_lab, what)
     if (gallery_embeddings is None) != (gallery_labels is None):
         given, missing = (
             ("gallery_embeddings", "gallery_labels")

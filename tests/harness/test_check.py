@@ -260,3 +260,13 @@ def test_committed_baseline_holds_on_a_stand_in_processor(tmp_path: Path):
     out = subprocess.run([*cmd, "--baselines", str(tmp_path)], cwd=REPO, capture_output=True,
                          text=True, timeout=600, env=env)  # fmt: skip
     assert out.returncode == 1 and "REGRESSED" in out.stdout
+
+
+def test_a_misspelt_method_is_named_before_any_run_folder_is_made(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    made = []
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(kw) or str(tmp_path))
+    assert main(["check", "--methods", "contrastiv"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'contrastive'" in err and "kept in" not in err and not made

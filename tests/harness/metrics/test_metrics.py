@@ -521,6 +521,13 @@ def test_non_finite_embeddings_report_how_many_rows():
         compute_metrics(np.zeros((2, 2)), [0, 1], x, [0, 0, 1, 1, 1])
 
 
+def test_all_vs_all_errors_do_not_speak_of_queries():
+    with pytest.raises(HarnessError, match="^the embeddings have 3 rows but the labels have 2"):
+        compute_metrics(np.zeros((3, 2)), [0, 1])
+    with pytest.raises(HarnessError, match="^query embeddings have 3 rows"):
+        compute_metrics(np.zeros((3, 2)), [0, 1], np.zeros((2, 2)), [0, 1])
+
+
 def test_fewer_than_two_items_is_an_error():
     with pytest.raises(HarnessError, match="at least 2 items"):
         compute_metrics(line(0), [0])
