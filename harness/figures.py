@@ -238,9 +238,12 @@ def distance_histograms(result_paths: Iterable[Path], out_png: Path, title: str)
         hist = records[name]
         edges = np.asarray(hist["edges"])
         widths = np.diff(edges)
+        if not (widths > 0).all():  # every distance 0 (a collapsed embedding): no density
+            ax.text(0.5, 0.5, "all distances 0", ha="center", va="center", fontsize=8,
+                    transform=ax.transAxes)  # fmt: skip
         for key, colour in (("positive", "C2"), ("negative", "C3")):
             counts = np.asarray(hist[key], dtype=float)
-            if counts.sum() > 0:
+            if counts.sum() > 0 and (widths > 0).all():
                 ax.bar(edges[:-1], counts / counts.sum() / widths, width=widths, align="edge",
                        color=colour, alpha=0.55, label=f"{key} pairs")  # fmt: skip
         ax.set_title(name, fontsize=9)
@@ -251,7 +254,7 @@ def distance_histograms(result_paths: Iterable[Path], out_png: Path, title: str)
     if not names:
         axes[0].text(0.5, 0.5, "no finished run with distances", ha="center", va="center",
                      transform=axes[0].transAxes)  # fmt: skip
-    else:
+    elif axes[0].get_legend_handles_labels()[0]:  # a panel with bars to name
         axes[0].legend(fontsize=7, frameon=False)
     fig.suptitle(title + " (x: Euclidean distance, y: density)")
     fig.tight_layout()

@@ -134,7 +134,9 @@ def test_tune_on_ray_ends_with_exactly_n_trials_in_one_storage(tmp_path, capsys)
     assert len(states) == 3 and set(states) <= {"COMPLETE", "PRUNED"}, states
     assert study.trials[0].params == {"margin": 1.0}  # the paper default first
     assert all("fold_scores" in t.user_attrs for t in study.trials if t.state.name == "COMPLETE")
-    overlay = yaml.safe_load((tmp_path / "tuning/learning_val/contrastive.yaml").read_text())
+    overlay = yaml.safe_load(
+        (tmp_path / "tuning/learning_val/contrastive.max_steps20.yaml").read_text()
+    )  # capped trials: their own file
     assert overlay["study"]["trials"] == 3
     assert main(["-q", *args]) == 0  # already complete: no new trial
     assert len(optuna.load_study(study_name=summary.study_name, storage=storage).trials) == 3

@@ -207,10 +207,12 @@ def test_training_state_saves_what_a_resume_needs(tmp_path: Path):
     assert set(saved) == {"identity", "modules", "optimizer", "scaler", "sampler", "torch_rng",
                           "cuda_rng", "stats", "best_state"}  # fmt: skip
     again = TrainingState(backbone, method, labels, protocol, 0, CPU)
-    assert not again.resume(tmp_path / "s.pt", "someone else")
     assert again.resume(tmp_path / "s.pt", "me")
     assert again.stats.steps == 5 and again.stats.resumed_from_step == 5
     assert np.array_equal(again.sampler.next_batch(), state.sampler.next_batch())
+    other = TrainingState(backbone, method, labels, protocol, 0, CPU)
+    assert not other.resume(tmp_path / "s.pt", "someone else")  # kept aside for its own run
+    assert other.stats.steps == 0 and len(list(tmp_path.glob("s-other-*.pt"))) == 1
 
 
 def test_the_split_backward_step_trains_like_the_plain_one():
