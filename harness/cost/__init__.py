@@ -43,6 +43,7 @@ from harness.cost.report import (
     overhead_line,
     read_cost,
     replace_record,
+    save_cost,
     write_cost,
 )
 from harness.cost.scaling import (
@@ -85,5 +86,6 @@ __all__ = [
     "parse_counts",
     "read_cost",
     "replace_record",
+    "save_cost",
     "write_cost",
 ]

@@ -95,10 +95,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
         cost_table,
         figure_path,
         measure_cost,
-        merge_cost,
         overhead_line,
         parse_batch_sizes,
-        write_cost,
+        save_cost,
     )
     from harness.protocol import load_protocol
 
@@ -119,10 +118,10 @@ def cmd_cost(args: argparse.Namespace) -> int:
         breakdown=args.overhead_breakdown, overhead_on=getattr(args, "overhead_method", None),
     )  # fmt: skip
     results_dir = Path(args.results_dir)
-    written = merge_cost(record, results_dir)  # the file's other methods, when comparable
-    figure = cost_figure(written, figure_path(results_dir, protocol.name))
-    written["figure"] = str(figure.relative_to(results_dir))
-    path = write_cost(written, results_dir)  # archives the file it does not merge
+    # with the file's other methods when comparable, else archiving it; under the file's lock
+    written, path, figure = save_cost(
+        record, results_dir, lambda r: cost_figure(r, figure_path(results_dir, protocol.name))
+    )
     if args.json:  # the rows measured now, as written (with their `measured`)
         rows = {e["method"]: e for e in written["methods"]}
         print(json.dumps([rows[e["method"]] for e in record["methods"]], indent=2))

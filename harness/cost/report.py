@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,42 @@ def replace_record(path: Path, record: dict[str, Any], results_dir: Path, why: s
         log.info("archived the previous %s to %s%s", path, moved, f" ({why})" if why else "")
     write_json_atomic(path, record)
     return path
+
+
+LOCK_WAIT_SECONDS = 600.0  # merging and writing take well under a second
+
+
+def save_cost(
+    record: dict[str, Any], results_dir: Path, draw: Callable[[dict[str, Any]], Path]
+) -> tuple[dict[str, Any], Path, Path]:
+    """Merge `record` into its cost file (merge_cost), draw its figure and write it, holding
+    the file's lock: two `cost` processes of one protocol take turns, so neither merges a
+    file the other is replacing. A lock held past LOCK_WAIT_SECONDS (a hung process) does
+    not lose the measurement: it is written beside the file, and the log says where.
+    Returns (what was written, its path, the figure's path)."""
+    import time
+
+    from harness.locks import run_lock
+    from harness.results import write_json_atomic
+
+    path = cost_path(results_dir, record["protocol"]["name"])
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        with run_lock(path) as held:
+            if held:
+                written = merge_cost(record, results_dir)
+                figure = draw(written)
+                written["figure"] = str(figure.relative_to(results_dir))
+                return written, write_cost(written, results_dir), figure
+        if time.monotonic() > deadline:
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            beside = path.with_name(f"{path.stem}.unmerged-{stamp}.json")
+            write_json_atomic(beside, record)
+            log.warning("%s stayed locked by another process for %.0f s: this measurement is "
+                        "in %s (merge it by rerunning, or move it into place)", path,
+                        LOCK_WAIT_SECONDS, beside)  # fmt: skip
+            return record, beside, draw(record)
+        time.sleep(0.2)
 
 
 def write_cost(record: dict[str, Any], results_dir: Path) -> Path:

@@ -135,3 +135,27 @@ def test_cost_pipeline_logs_each_round_of_each_worker_count(tmp_path: Path, capl
     rounds = [r.getMessage() for r in caplog.records if "pipeline: round" in r.getMessage()]
     assert len(rounds) == 5 and rounds[0].startswith("pipeline: round 1/5, 0 worker(s): ")
     assert "pipeline: data-wait share: 2 training steps" in caplog.text
+
+
+def test_a_cost_file_locked_by_another_process_is_waited_for_and_never_lost(
+    tmp_path: Path, monkeypatch, caplog
+):
+    """Merging and writing hold the cost file's lock, so two `cost` processes of one protocol
+    take turns. A lock that outlasts the wait (a hung process) leaves the file alone and
+    writes the new measurement beside it, saying where."""
+    import harness.cost.report as report
+    from harness.locks import run_lock
+
+    path = tmp_path / "cost" / "smoke.json"
+    assert _cost(tmp_path, "contrastive") == 0
+    before = path.read_text()
+    monkeypatch.setattr(report, "LOCK_WAIT_SECONDS", 0.3)
+    with run_lock(path) as held:  # another process's merge in progress
+        assert held
+        assert _cost(tmp_path, "triplet") == 0
+    assert path.read_text() == before
+    (beside,) = (tmp_path / "cost").glob("smoke.unmerged-*.json")
+    assert [e["method"] for e in json.loads(beside.read_text())["methods"]] == ["triplet"]
+    assert "stayed locked by another process" in caplog.text
+    assert _cost(tmp_path, "triplet") == 0  # released: merged as usual
+    assert _methods(path) == ["contrastive", "triplet"]
