@@ -244,8 +244,9 @@ def _same_run(old: RunResult, new: RunResult, any_machine: bool = False) -> bool
 
 def _differences(old: RunResult, new: RunResult, any_machine: bool = False) -> list[str]:
     """Why `old` is not a finished result of the run `new` (empty: it is)."""
+    if not old.ok:  # a failed or interrupted run may lack what the checks below read
+        return [f"a {old.status} run"]
     checks = [
-        (not old.ok, f"a {old.status} run"),
         (not any_machine and old.hardware.machine_id != machine_id(), "made on another machine"),
         (old.protocol.hash != new.protocol.hash, "another protocol hash"),
         (old.method.version != new.method.version, "another method version"),

@@ -230,6 +230,8 @@ def test_same_run_reads_typed_results(monkeypatch):
     assert runner._differences(old, new) == ["made on another machine"]  # the log says why
     new.method.hyperparameters = {"margin": 2.0}
     assert runner._differences(old, new) == ["made on another machine", "other hyperparameters"]
+    old.status, old.training = "failed", None  # a failed run's record may hold no training
+    assert runner._differences(old, new) == ["a failed run"]
 
 
 def test_the_machine_id_outlives_the_data_cache(tmp_path, monkeypatch):
