@@ -25,6 +25,7 @@ from harness.argtypes import seed_problem
 from harness.augment import AugmentationSpec
 from harness.errors import HarnessError
 from harness.metrics import KMEANS_CONVENTIONS, METRIC_NAMES
+from harness.metrics.inputs import SINGLE_METRICS, is_single_metric
 from harness.registry import closest
 from harness.shipped import PROTOCOL_DIR
 
@@ -163,11 +164,9 @@ class EvaluationSpec:
     clustering: str = "harness"
 
     def __post_init__(self) -> None:
-        selectable = [n for n in METRIC_NAMES if n != "recall@K"]  # one number: recall@<k>
         _check(
-            self.select_by in selectable
-            or bool(re.fullmatch(r"recall@[1-9][0-9]*", self.select_by)),
-            f"select_by must be recall@<k> (e.g. recall@1) or one of {', '.join(selectable)}, "
+            is_single_metric(self.select_by),
+            f"select_by must be recall@<k> (e.g. recall@1) or one of {', '.join(SINGLE_METRICS)}, "
             f"got {self.select_by!r}",
         )
         _check(
@@ -183,8 +182,8 @@ class EvaluationSpec:
         _check(self.rerank_top >= 1, "rerank_top must be >= 1")
         # checked here, not after training: a typo must not cost a whole run
         for name in self.metrics:
-            ok = name in METRIC_NAMES or re.fullmatch(r"recall@[1-9][0-9]*", name)
-            _check(bool(ok), f"unknown metric {name!r}{closest(name, list(METRIC_NAMES))}; "
+            ok = name == "recall@K" or is_single_metric(name)
+            _check(ok, f"unknown metric {name!r}{closest(name, list(METRIC_NAMES))}; "
                              f"known: {', '.join(METRIC_NAMES)}")  # fmt: skip
 
 

@@ -350,7 +350,10 @@ def load_overlay(
         capped = sorted(tuning_dir(results_dir, protocol.name).glob(f"{method}.max_steps*.yaml"),
                         key=lambda p: int(p.stem.rsplit("max_steps", 1)[1]))  # fmt: skip
         same = overlay_path(results_dir, protocol.name, method, max_steps)
-        path = same if same.is_file() else path if path.is_file() or not capped else capped[-1]
+        if same.is_file():
+            path = same
+        elif not path.is_file() and capped:
+            path = capped[-1]
     if not path.is_file():
         raise HarnessError(f"no tuned configuration for {method} under {protocol.name} ({path}); "
                            f"run `harness tune --protocol {protocol.name} --method {method}` first")  # fmt: skip

@@ -8,12 +8,11 @@ import argparse
 import hashlib
 import json
 import math
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.metrics.inputs import METRIC_NAMES, UNBOUNDED_METRICS
+from harness.metrics.inputs import SINGLE_METRICS, UNBOUNDED_METRICS, is_single_metric
 from harness.registry import closest
 from harness.results import RunResult, load_results
 from harness.stats import CONFIDENCE, Comparison, benjamini_hochberg, compare, t_interval
@@ -111,10 +110,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     protocol = load_protocol(args.protocol)
     metric = args.metric or protocol.evaluation.select_by
-    known = [n for n in METRIC_NAMES if n != "recall@K"]
-    if metric not in known and not re.fullmatch(r"recall@[1-9][0-9]*", metric):
-        raise HarnessError(f"unknown metric {metric!r}{closest(metric, known)}; known: recall@<k> "
-                           f"(e.g. recall@1), {', '.join(known)}")  # fmt: skip
+    if not is_single_metric(metric):
+        raise HarnessError(f"unknown metric {metric!r}{closest(metric, SINGLE_METRICS)}; known: "
+                           f"recall@<k> (e.g. recall@1), {', '.join(SINGLE_METRICS)}")  # fmt: skip
     everything = [
         r for r in load_results(Path(args.results_dir)) if r.protocol.hash == protocol.hash
     ]

@@ -44,6 +44,14 @@ KMEANS_CONVENTIONS: tuple[str, ...] = ("harness", "faiss")
 Array = torch.Tensor | np.ndarray
 
 _RECALL_RE = re.compile(r"recall@(-?\d+)")
+#: The metrics that are one number each (what a protocol selects by or compare reads): recall@<k>
+#: for one k, and every other name.
+SINGLE_METRICS: tuple[str, ...] = METRIC_NAMES[1:]
+
+
+def is_single_metric(name: str) -> bool:
+    """Whether `name` is one number: recall@<k> (k >= 1) or a non-parametrised metric."""
+    return name in SINGLE_METRICS or bool(re.fullmatch(r"recall@[1-9][0-9]*", name))
 
 
 def parse_metrics(
