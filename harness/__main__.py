@@ -1,4 +1,4 @@
-"""`python -m harness ...`: see harness/cli.py."""
+"""`python -m harness ...`: see harness/cli/."""
 
 import sys
 

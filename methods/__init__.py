@@ -1,6 +1,14 @@
-"""Method adapters, one module per method. This tuple is the registry: one line per method."""
+"""Method adapters, one module per method. This tuple is the registry: one line per method.
+
+The package imports as `harness.methods` (the wheel ships this folder as harness/methods/; in
+a clone, harness/__init__.py finds it here), never as a top-level `methods`: a second copy
+under another name would register every method twice.
+"""
 
 import importlib
+
+if __name__ != "harness.methods":
+    raise ImportError(f"import the built-in methods as harness.methods, not {__name__}")
 
 MODULES = (
     "untrained",
@@ -27,4 +35,4 @@ MODULES = (
 )
 
 for _name in MODULES:
-    importlib.import_module(f"methods.{_name}")
+    importlib.import_module(f"{__name__}.{_name}")

@@ -17,20 +17,20 @@ from pytorch_metric_learning import losses, miners
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.method import (
+from harness import (
     METHODS,
     Batch,
     Embedded,
     EmbeddingHead,
+    HarnessError,
     Method,
     MethodContext,
     MethodSpec,
     Mined,
     Pairs,
     Triplets,
+    closest,
 )
-from harness.registry import closest
 
 SHAPE_ARGS = ("num_classes", "embedding_size", "descriptors_dim")  # from MethodContext
 # Losses that need what a P x K batch of one view does not have (a second augmented view)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pytorch_metric_learning import losses
 
-from harness.method import Method, MethodContext, register_method
-from harness.search import LR_MULTIPLIER, Float
-from methods._pml import pml_method
+from harness import LR_MULTIPLIER, Float, Method, MethodContext, register_method
+
+from ._pml import pml_method
 
 
 @register_method(

@@ -15,17 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
     EmbeddingHead,
+    Float,
     Method,
     MethodContext,
     Pairs,
     all_pairs,
     register_method,
 )
-from harness.search import Float
 
 
 def binomial_deviance(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pytorch_metric_learning import losses
 
-from harness.method import Method, MethodContext, register_method
-from harness.search import Float
-from methods._pml import AllTuples, pml_method
+from harness import Float, Method, MethodContext, register_method
+
+from ._pml import AllTuples, pml_method
 
 
 @register_method(

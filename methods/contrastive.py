@@ -11,18 +11,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
     EmbeddingHead,
+    Float,
     Method,
     MethodContext,
     Pairs,
     all_pairs,
     register_method,
 )
-from harness.search import Float
-from methods._pair_losses import contrastive_pair_loss, distance_matrix
+
+from ._pair_losses import contrastive_pair_loss, distance_matrix
 
 
 class ContrastiveLoss(nn.Module):

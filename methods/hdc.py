@@ -35,10 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
+    Float,
+    HarnessError,
     Method,
     MethodContext,
     Mined,
@@ -46,8 +47,8 @@ from harness.method import (
     all_pairs,
     register_method,
 )
-from harness.search import Float
-from methods._pair_losses import contrastive_pair_loss, distance_matrix
+
+from ._pair_losses import contrastive_pair_loss, distance_matrix
 
 
 @dataclass

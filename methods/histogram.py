@@ -24,18 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
     EmbeddingHead,
+    Float,
+    HarnessError,
     Method,
     MethodContext,
     Pairs,
     all_pairs,
     register_method,
 )
-from harness.search import Float
 
 
 def soft_histogram(s: torch.Tensor, delta: float, nodes: int) -> torch.Tensor:

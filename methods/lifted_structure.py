@@ -28,18 +28,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
     EmbeddingHead,
+    Float,
     Method,
     MethodContext,
     Pairs,
     all_pairs,
     register_method,
 )
-from harness.search import Float
-from methods._pair_losses import distance_matrix, pair_values
+
+from ._pair_losses import distance_matrix, pair_values
 
 
 def lifted_loss(emb: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:

@@ -22,16 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
     EmbeddingHead,
+    Float,
     Method,
     MethodContext,
     Pairs,
     register_method,
 )
-from harness.search import Float
 
 
 def npair_tuples(out: Embedded, batch: Batch) -> Pairs:

@@ -60,7 +60,7 @@ Readings and differences:
 - gamma ||W||^2 (5e-4) is weight decay, which the protocol's optimizer owns.
 - Each unit variant's result records `unit_auc`, the AUC of the unit's score (no dropout) over
   the test split's positive against negative pairs, and `euclidean_auc`, that of -D on the same
-  pairs (harness/metrics/pair_auc.py: all positive pairs, 200,000 sampled negatives): did the
+  pairs (harness/core/pair_auc.py: all positive pairs, 200,000 sampled negatives): did the
   learned metric learn anything beyond the distance beside it?
 
 Variants: pddm_quadruplet (retrieval by Euclidean distance); pddm_score (same training,
@@ -82,20 +82,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.method import (
+from harness import (
     Batch,
     Diagnostics,
     Embedded,
     EmbeddingHead,
+    Float,
+    Int,
     Method,
     MethodContext,
     Quadruplets,
     Scorer,
+    euclidean_score,
     register_method,
+    sample_pairs,
 )
-from harness.metrics.pair_auc import euclidean_score, sample_pairs
-from harness.search import Float, Int
-from methods._pair_losses import SQUARED_FLOOR, pair_values, squared_distance_matrix
+
+from ._pair_losses import SQUARED_FLOOR, pair_values, squared_distance_matrix
 
 EmbeddingLoss = Callable[[torch.Tensor, Quadruplets], torch.Tensor]  # (D^2 matrix, quadruplets)
 PairScore = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

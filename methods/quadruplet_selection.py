@@ -44,18 +44,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
+    Float,
+    HarnessError,
     Method,
     MethodContext,
     Miner,
     Quadruplets,
     register_method,
 )
-from harness.search import Float
-from methods._pair_losses import distance_matrix, global_loss, pair_values
+
+from ._pair_losses import distance_matrix, global_loss, pair_values
 
 
 class HierarchicalHead(nn.Module):

@@ -15,9 +15,18 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses
 from torch import nn
 
-from harness.method import Batch, Embedded, Method, MethodContext, Mined, register_method
-from harness.search import LR_MULTIPLIER, Float
-from methods._pml import PmlLoss, pml_method
+from harness import (
+    LR_MULTIPLIER,
+    Batch,
+    Embedded,
+    Float,
+    Method,
+    MethodContext,
+    Mined,
+    register_method,
+)
+
+from ._pml import PmlLoss, pml_method
 
 
 class CenterRegularised(nn.Module):

@@ -12,16 +12,16 @@ import torch
 from pytorch_metric_learning import distances, losses, miners, reducers
 from torch import nn
 
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
     EmbeddingHead,
+    Float,
     Method,
     MethodContext,
     Triplets,
     register_method,
 )
-from harness.search import Float
 
 
 class SemiHardMiner:

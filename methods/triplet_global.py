@@ -27,17 +27,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.method import (
+from harness import (
     Batch,
     Embedded,
     EmbeddingHead,
+    Float,
     Method,
     MethodContext,
     Triplets,
     register_method,
 )
-from harness.search import Float
-from methods._pair_losses import (
+
+from ._pair_losses import (
     counted_moments,
     flat_index,
     global_loss,

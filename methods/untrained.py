@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.method import Embedded, Method, MethodContext, register_method
+from harness import Embedded, Method, MethodContext, register_method
 
 
 class BackboneFeatures(nn.Module):

@@ -17,18 +17,28 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+import harness.methods  # noqa: F401
 import numpy as np
 import torch
 import torch.distributed as dist
 
-import methods  # noqa: F401
-from harness import distributed
-from harness.method import protocol_hyperparameters
-from harness.model import build_model
-from harness.protocol import load_protocol
-from harness.sampler import PKSampler
-from harness.step import TrainingStep, trainable_modules
-from harness.train import train
+from harness.core import (
+    SINGLE,
+    Dist,
+    current,
+    init_from_env,
+    load_protocol,
+    protocol_hyperparameters,
+)
+from harness.data import PKSampler
+from harness.train import (
+    TrainingStep,
+    build_model,
+    convert_batchnorm,
+    gather,
+    train,
+    trainable_modules,
+)
 
 torch.set_num_threads(1)
 PROTOCOL = load_protocol("smoke")
@@ -45,11 +55,11 @@ def model(name: str):
                        num_classes=CLASSES, num_coarse_classes=4)  # fmt: skip
 
 
-def step_grads(name: str, d: distributed.Dist, sync_bn: bool = True) -> dict[str, torch.Tensor]:
+def step_grads(name: str, d: Dist, sync_bn: bool = True) -> dict[str, torch.Tensor]:
     m = model(name)
     if d.world_size > 1 and sync_bn:
-        distributed.convert_batchnorm(m.backbone)
-        distributed.convert_batchnorm(m.method.head)
+        convert_batchnorm(m.backbone)
+        convert_batchnorm(m.method.head)
     modules = trainable_modules(m.backbone, m.method)
     opt = torch.optim.SGD(modules.parameters(), lr=0.0)
     step = TrainingStep(m.backbone, m.method, opt, IMAGES, LABELS, COARSE, torch.device("cpu"),
@@ -61,12 +71,12 @@ def step_grads(name: str, d: distributed.Dist, sync_bn: bool = True) -> dict[str
 
 
 def grads(out: str, names: str) -> None:
-    here = distributed.current()
+    here = current()
     saved = {}
     for name in names.split(","):
         gathered = step_grads(name, here)
         if here.is_main:
-            saved[name] = {"distributed": gathered, "single": step_grads(name, distributed.SINGLE)}
+            saved[name] = {"distributed": gathered, "single": step_grads(name, SINGLE)}
         dist.barrier()
     # the control: BatchNorm statistics per shard (what plain DDP does) must be caught
     unsynced = step_grads("contrastive", here, sync_bn=False)
@@ -76,13 +86,13 @@ def grads(out: str, names: str) -> None:
 
 
 def curve(out: str, name: str, steps: str) -> None:
-    here = distributed.current()
+    here = current()
     protocol = dataclasses.replace(
         PROTOCOL,
         budget=dataclasses.replace(PROTOCOL.budget, epochs=0, steps=int(steps)),
     )
     runs = {}
-    for label, context in (("distributed", here), ("single", distributed.SINGLE)):
+    for label, context in (("distributed", here), ("single", SINGLE)):
         if label == "single" and not here.is_main:
             break
         if label == "single":
@@ -126,7 +136,7 @@ def resume(out: str, name: str, steps: str) -> None:
         pass
     dist.barrier()  # rank 0 has written the checkpoint before any rank reads it
     resumed, resumed_state = run(checkpoint=ckpt, identity="a")
-    if distributed.current().is_main:
+    if current().is_main:
         torch.save({"whole": (whole.epoch_loss, whole_state), "from": resumed.resumed_from_step,
                     "resumed": (resumed.epoch_loss, resumed_state)}, out)  # fmt: skip
 
@@ -141,12 +151,12 @@ def batchnorm(out: str) -> None:
     )  # fmt: skip
     x = torch.randn(8, 3, 12, 12, generator=torch.Generator().manual_seed(1)) * 50
     whole = net.train()(x).detach()
-    here = distributed.current()
-    distributed.convert_batchnorm(net)
+    here = current()
+    convert_batchnorm(net)
     part = x[here.shard(len(x))]
-    split = distributed.gather(net(part)).detach()
+    split = gather(net(part)).detach()
     with torch.autocast("cpu", dtype=torch.float16):
-        half = distributed.gather(net(part)).detach()
+        half = gather(net(part)).detach()
     if here.is_main:
         torch.save({"whole": whole, "split": split, "fp16": half.float(),
                     "types": [type(m).__name__ for m in net]}, out)  # fmt: skip
@@ -155,12 +165,12 @@ def batchnorm(out: str) -> None:
 def mismatch(out: str, name: str) -> None:
     from pathlib import Path
 
-    from harness.errors import HarnessError
+    from harness.core import HarnessError
 
     protocol = dataclasses.replace(
         PROTOCOL, budget=dataclasses.replace(PROTOCOL.budget, epochs=0, steps=6)
     )
-    here = distributed.current()
+    here = current()
     ckpt = Path(out).with_suffix(f".{here.rank}.ckpt")  # one folder per node, not shared
 
     def crash(epoch: int) -> None:
@@ -194,7 +204,7 @@ if __name__ == "__main__":
     if "--float64" in sys.argv:  # exact algebra: float32 rounding would blur small errors
         sys.argv.remove("--float64")
         torch.set_default_dtype(torch.float64)
-    distributed.init_from_env(torch.device("cpu"))
+    init_from_env(torch.device("cpu"))
     modes = {"grads": grads, "curve": curve, "resume": resume, "batchnorm": batchnorm,
              "mismatch": mismatch}  # fmt: skip
     modes[sys.argv[1]](*sys.argv[2:])

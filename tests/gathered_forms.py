@@ -3,9 +3,8 @@ used before issue 12 (emb[first] - emb[second]), and the random batches the test
 
 import torch
 import torch.nn.functional as F
-
-from methods._pair_losses import global_loss
-from methods.pddm import metric_loss, scaled_graph
+from harness.methods._pair_losses import global_loss
+from harness.methods.pddm import metric_loss, scaled_graph
 
 SEEDS = [0, 1, 2, 3]
 TOL = {"atol": 1e-6, "rtol": 1e-6}

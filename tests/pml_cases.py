@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import harness.methods  # noqa: F401
 import torch
 import torch.nn.functional as F
 
-import methods  # noqa: F401
-from harness.method import METHODS, Batch, Embedded, Method, MethodContext
+from harness.core import METHODS, Batch, Embedded, Method, MethodContext
 
 NUM_CLASSES, DIM = 5, 6
 

@@ -34,9 +34,9 @@ def _run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 def _wheel_name(source: Path) -> str:
-    """Where a source file lands in the wheel: protocols/ becomes harness/protocols/."""
+    """Where a source file lands in the wheel: protocols/ and methods/ move under harness/."""
     rel = source.relative_to(REPO).as_posix()
-    return f"harness/{rel}" if rel.startswith("protocols/") else rel
+    return f"harness/{rel}" if rel.startswith(("protocols/", "methods/")) else rel
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,7 @@ def test_wheel_carries_every_module_and_protocol(wheel: Path):
     missing = sorted(_wheel_name(p) for p in sources if _wheel_name(p) not in names)
     assert not missing, f"not in the wheel (add the package to pyproject.toml): {missing}"
     assert "harness/protocols/reference/paper_results.yaml" in names
+    assert not any(n.startswith("methods/") for n in names), "a top-level `methods` package"
     assert "dml-harness = harness.cli:main" in entry_points
 
 

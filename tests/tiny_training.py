@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import signal
 
+import harness.methods  # noqa: F401
 import numpy as np
 import torch
 
-import methods  # noqa: F401
 from harness.backbones import build_backbone
-from harness.method import METHODS, MethodContext
+from harness.core import METHODS, MethodContext
 
 
 def fresh_contrastive(protocol):

@@ -9,15 +9,16 @@ the protocol's sampler, so m must be a multiple of K):
 - the growth exponent b of cost ~ a * m^b (`fit.py`: the fit and the rule that names a
   complexity class, or says "unclear" when the fit does not support one);
 - throughput (`throughput.py`) on the protocol's real data: images per second of the
-  harness's own training step (`harness.step`) and the share of it spent in mining + loss;
+  harness's own training step (`harness.train.step`) and the share of it spent in mining + loss;
 - scaling across devices (`devices.py`, `--devices 1,2,...`): one method's training step
   under torchrun on N processes against one, as speedup and efficiency;
 - harness overhead (`overhead.py`): `harness.train.train` against a hand-written loop doing
   the same steps on the same model and batches, alternated, as a throughput ratio.
 
-`measure.py` runs all of it for a protocol; `report.py` writes results/cost/<protocol>.json
-(merged with the file there when it was measured comparably, else archiving it) and renders the markdown for the leaderboard. The command line (and all printing) is in
-`harness.cli`.
+`measure.py` runs all of it for a protocol; `records.py` writes results/cost/<protocol>.json
+(merged with the file there when it was measured comparably, else archiving it).
+`harness.report` renders the records as markdown for the leaderboard and draws the figure;
+the command line (and all printing) is in `harness.cli`.
 """
 
 from harness.cost.devices import DEFAULT_COUNTS, measure_devices, parse_counts
@@ -29,18 +30,17 @@ from harness.cost.overhead import (
     measure_overhead,
     overhead_method,
 )
-from harness.cost.report import (
+from harness.cost.pipeline import measure_pipeline, parse_workers
+from harness.cost.records import (
     COST_SCHEMA,
     cost_path,
-    cost_rows,
-    cost_section,
-    cost_table,
     devices_path,
-    devices_table,
     figure_path,
+    format_number,
     incomparable,
+    log_line,
     merge_cost,
-    overhead_line,
+    provenance,
     read_cost,
     replace_record,
     save_cost,
@@ -65,13 +65,14 @@ __all__ = [
     "OVERHEAD_TARGET",
     "PowerFit",
     "cost_path",
-    "cost_rows",
-    "cost_section",
-    "cost_table",
     "devices_path",
-    "devices_table",
     "figure_path",
     "fit_power_law",
+    "format_number",
+    "log_line",
+    "measure_pipeline",
+    "parse_workers",
+    "provenance",
     "fits",
     "incomparable",
     "measure_cost",
@@ -81,7 +82,6 @@ __all__ = [
     "measure_throughput",
     "merge_cost",
     "overhead_method",
-    "overhead_line",
     "parse_batch_sizes",
     "parse_counts",
     "read_cost",

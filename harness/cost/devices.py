@@ -25,9 +25,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.cost.report import COST_SCHEMA
-from harness.cost.throughput import WARMUP_STEPS
-from harness.errors import HarnessError
+from harness.core import HarnessError, init_from_env, load_methods, load_protocol, resolve_device
+from harness.cost.measure import _setup
+from harness.cost.records import COST_SCHEMA
+from harness.cost.throughput import WARMUP_STEPS, measure_throughput, random_init
+from harness.data import prepare_data
+from harness.records import environment
 
 DEFAULT_COUNTS = (1, 2)
 DEFAULT_DEVICE_STEPS = 16
@@ -63,10 +66,6 @@ def measure_devices(
     """Launch torchrun once per count and return the record written to
     results/cost/devices/<protocol>.json."""
     import torch
-
-    from harness.devices import resolve_device
-    from harness.results import environment
-    from harness.runner import prepare_data
 
     resolved = resolve_device(device)
     if resolved.type == "cuda" and max(counts) > torch.cuda.device_count():
@@ -143,19 +142,14 @@ def _rank(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    import methods  # noqa: F401  (registers every method)
-    from harness import distributed
-    from harness.cost.measure import _setup
-    from harness.cost.throughput import measure_throughput, random_init
-    from harness.protocol import load_protocol
-    from harness.runner import prepare_data
+    load_methods()
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    here = distributed.init_from_env(device)
+    here = init_from_env(device)
     protocol = load_protocol(args.protocol)
     prepared = prepare_data(protocol, args.data_root)
     protocol = random_init(protocol)  # timing only, as `cost` does

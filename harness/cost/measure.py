@@ -2,7 +2,7 @@
 results/cost/<protocol>.json: per method, scaling on random inputs (with its fits) and the
 throughput of the training step; then the harness's overhead on one method.
 
-Models come from `harness.model`, the runner's own builder: throughput and overhead time
+Models come from `harness.train.model`, the runner's own builder: throughput and overhead time
 the very model a run trains (the same seed, so the same initial backbone for every method).
 The synthetic-scaling method is built for a context with room for the largest P classes.
 """
@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.core import METHODS, HarnessError, MethodContext, protocol_hyperparameters
 from harness.cost.fit import PowerFit, fit_summary, fits
 from harness.cost.overhead import measure_overhead, overhead_method
-from harness.cost.report import COST_SCHEMA, log_line
+from harness.cost.records import COST_SCHEMA, log_line
 from harness.cost.scaling import (
     CELL_SECONDS,
     DEFAULT_REPEATS,
@@ -35,15 +36,16 @@ from harness.cost.throughput import (
     measure_throughput,
     random_init,
 )
-from harness.errors import HarnessError
+from harness.data import prepare_data
+from harness.records import environment
+from harness.train import build_method, build_model, build_seeded_backbone
 
 if TYPE_CHECKING:
     import torch
 
-    from harness.method import Method, MethodContext
-    from harness.model import Model
-    from harness.protocol import Protocol
-    from harness.runner import PreparedData
+    from harness.core import Method, MethodContext, Protocol
+    from harness.data import PreparedData
+    from harness.train import Model
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,6 @@ class _Setup:
 
     def model(self, name: str) -> Model:
         """The model `run` would train for this method (same builder, same seed)."""
-        from harness.model import build_model
 
         data = self.prepared.data
         return build_model(
@@ -75,8 +76,6 @@ class _Setup:
     def synthetic_method(self, name: str) -> Method:
         import torch
 
-        from harness.model import build_method
-
         torch.manual_seed(self.seed)
         return build_method(name, self.synthetic, self.hyper[name], self.device)
 
@@ -85,8 +84,6 @@ def _setup(
     protocol: Protocol, prepared: PreparedData, names: Sequence[str], largest_p: int,
     device: torch.device,
 ) -> _Setup:  # fmt: skip
-    from harness.method import MethodContext, protocol_hyperparameters
-    from harness.model import build_seeded_backbone
 
     seed = protocol.seeds[0]
     data, split = prepared.data, prepared.split
@@ -123,7 +120,6 @@ def _measure_method(
 ) -> dict[str, Any]:
     """One method's entry: scaling and fits, then throughput; a failure is recorded in the
     entry (one broken method does not stop the others)."""
-    from harness.method import METHODS
 
     spec, protocol = METHODS.get(name), setup.protocol
     entry = _method_entry(name, spec.version, spec.family, setup.hyper[name])
@@ -178,8 +174,6 @@ def measure_cost(
     """Everything `python -m harness cost` measures, as the record written to
     results/cost/<protocol>.json. Method names must be registered. The overhead is measured
     on `overhead_on` if given, else on the first method whose throughput was measured."""
-    from harness.results import environment
-    from harness.runner import prepare_data
 
     sizes = parse_batch_sizes(batch_sizes, protocol.sampler.images_per_class)
     k = protocol.sampler.images_per_class

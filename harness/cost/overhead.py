@@ -2,7 +2,7 @@
 on the same model and batches, alternated, as a throughput ratio (target >= 0.95).
 
 `_bare_loop` is the reference the harness is measured against: it is written out by hand
-and must stay independent of the harness's training step (`harness.step`). torch is imported
+and must stay independent of the harness's training step (`harness.train.step`). torch is imported
 inside the functions, so building the CLI parser stays fast.
 """
 
@@ -18,12 +18,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.core import Batch, Embedded, PhaseTimer
+from harness.cost.throughput import stage_batches
+from harness.data import PKSampler, contiguous
+from harness.train import make_optimizer, parameter_groups, save_checkpoint, total_steps, train
+
 if TYPE_CHECKING:
     import torch
 
-    from harness.method import Method
-    from harness.protocol import Protocol
-    from harness.runner import PreparedData
+    from harness.core import Method, Protocol
+    from harness.data import PreparedData
 
 OVERHEAD_ROUNDS = 7
 OVERHEAD_MAX_STEPS = 100
@@ -44,7 +48,7 @@ def overhead_method(measured: list[str], asked: str | None = None) -> str | None
 def _quiet() -> Iterator[None]:
     """Progress bars to /dev/null and the training log off while the harness loop is timed
     (the bar is still drawn: its cost is measured; one log line per epoch is not)."""
-    train_log = logging.getLogger("harness.train")
+    train_log = logging.getLogger("harness.train.loop")
     level = train_log.level
     train_log.setLevel(logging.WARNING)
     with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
@@ -78,11 +82,6 @@ def _bare_loop(
     import torch
     from torch import nn
     from tqdm import tqdm
-
-    from harness.method import Batch, Embedded
-    from harness.step import parameter_groups
-    from harness.timing import PhaseTimer
-    from harness.train import make_optimizer, save_checkpoint
 
     modules = nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
     optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
@@ -145,11 +144,6 @@ class _Loops:
     ) -> None:  # fmt: skip
         import torch
 
-        from harness.runner import contiguous
-        from harness.sampler import PKSampler
-        from harness.timing import PhaseTimer
-        from harness.train import total_steps
-
         data, split = prepared.data, prepared.split
         self.backbone, self.method, self.protocol, self.device = backbone, method, protocol, device
         self.seed, self.ckpt, self.timer = seed, ckpt, PhaseTimer(device)
@@ -173,7 +167,6 @@ class _Loops:
         the device, so the bare loop measures the model alone (the issue's "data already on
         the GPU"), while the harness loop prepares them as a run does. None: images in
         memory without augmentation, indexed by both loops alike."""
-        from harness.cost.throughput import stage_batches
 
         staged = stage_batches(self.images, protocol, seed, list(enumerate(self.batches)))
         return None if staged is None else [x.to(device) for x in staged]
@@ -190,7 +183,6 @@ class _Loops:
         return seconds
 
     def harness(self) -> float:
-        from harness.train import train
 
         bb, mt = copy.deepcopy(self.backbone), copy.deepcopy(self.method)
         with _quiet():

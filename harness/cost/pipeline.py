@@ -2,7 +2,7 @@
 number of worker processes, and the share of a training step spent waiting for data.
 
 The batches are the protocol's own (its P x K sampler over the training classes, its load
-size and train augmentation), prepared by `harness.pipeline.Feeder` exactly as in a run. The
+size and train augmentation), prepared by `harness.data.pipeline.Feeder` exactly as in a run. The
 first WARMUP_BATCHES of each count are not timed (worker start-up); then each count is timed
 ROUNDS times, alternated with the others, on at least `batches` batches rounded up to whole
 waves of its workers, and its fastest round is reported (all rounds are recorded): a shared machine's slow spells then do not decide the comparison. Each row's
@@ -25,7 +25,11 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from harness.errors import HarnessError
+from harness.core import METHODS, HarnessError, PhaseTimer, protocol_hyperparameters
+from harness.cost.throughput import measure_throughput, random_init
+from harness.data import Feeder, PKSampler, TrainPipeline, contiguous, decoded_by, prepare_data
+from harness.records import environment
+from harness.train import build_model
 
 WARMUP_BATCHES = 4
 DEFAULT_BATCHES = 24
@@ -56,7 +60,6 @@ def parse_workers(text: str | None) -> list[int]:
 
 def timing_method(asked: str | None = None) -> str:
     """The method the data-wait share trains (see the module docstring)."""
-    from harness.method import METHODS
 
     if asked:
         METHODS.get(asked)  # unknown: "did you mean"
@@ -77,12 +80,6 @@ def measure_pipeline(
     decoder: str = "pil",
 ) -> dict[str, Any]:
     """The `cost --pipeline` record (see the module docstring)."""
-    from harness.augment import TrainPipeline
-    from harness.pipeline import Feeder
-    from harness.results import environment
-    from harness.runner import contiguous, decoded_by, prepare_data
-    from harness.sampler import PKSampler
-    from harness.timing import PhaseTimer
 
     started = time.perf_counter()
     prepared = prepare_data(protocol, data_root)
@@ -154,12 +151,6 @@ def _data_wait(
     """Training steps fed by `workers` processes, timed as a run takes them: the share of
     their time spent waiting for data."""
     import numpy as np
-
-    from harness.cost.throughput import measure_throughput, random_init
-    from harness.method import protocol_hyperparameters
-    from harness.model import build_model
-    from harness.pipeline import Feeder
-    from harness.runner import contiguous
 
     data, split = prepared.data, prepared.split
     timed = random_init(protocol)

@@ -23,13 +23,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import HarnessError
+from harness.core import Batch, HarnessError, PhaseTimer
+from harness.train import detach_outputs
 
 if TYPE_CHECKING:
     import torch
 
-    from harness.method import Batch, Embedded, Method
-    from harness.timing import PhaseTimer
+    from harness.core import Batch, Embedded, Method, PhaseTimer
 
 DEFAULT_BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
 DEFAULT_REPEATS = 5
@@ -77,8 +77,6 @@ def _synthetic_batch(
     into about P / 4 superclasses (at least 2, at most num_coarse)."""
     import torch
 
-    from harness.method import Batch
-
     p = m // k
     classes = torch.randperm(num_classes, generator=generator)[:p]
     supers = max(2, min(num_coarse, p // 4))
@@ -94,8 +92,6 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 def _call(method: Method, out0: Embedded, batch: Batch, timer: PhaseTimer) -> Call:
     """One timed miner call and one loss forward + backward on leaves of the head's outputs."""
     import torch
-
-    from harness.step import detach_outputs
 
     assert method.loss is not None
     out, _, _ = detach_outputs(out0, every_float=True)
@@ -147,8 +143,6 @@ def measure_scaling(
     evaluated and tuples mined, on random inputs (see the module docstring). `num_classes`
     must be at least the largest P. Cells that could not run carry a `skipped` reason."""
     import torch
-
-    from harness.timing import PhaseTimer
 
     if method.loss is None:
         raise ValueError("a method without a loss has no training cost to measure")

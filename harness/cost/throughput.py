@@ -1,7 +1,7 @@
 """Training throughput on the protocol's real data, through the harness's own training step.
 
 Images per second of the whole step (backbone forward/backward, mining, loss, optimizer step,
-as `harness.step.TrainingStep` does it in a run), under the identical initial backbone for
+as `harness.train.step.TrainingStep` does it in a run), under the identical initial backbone for
 every method, and the share of the step spent in mining + loss. torch is imported inside the
 function, so building the CLI parser stays fast.
 """
@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from harness.core import SINGLE, grad_scaler
+from harness.data import PKSampler, TrainPipeline, contiguous, load_batch
+from harness.train import (
+    TrainingStep,
+    convert_batchnorm,
+    make_optimizer,
+    parameter_groups,
+    trainable_modules,
+)
+
 if TYPE_CHECKING:
     import torch
 
-    from harness.distributed import Dist
-    from harness.method import Method
-    from harness.protocol import Protocol
-    from harness.runner import PreparedData
+    from harness.core import Dist, Method, Protocol
+    from harness.data import PreparedData
 
 DEFAULT_STEPS = 24  # measured training steps per method, after WARMUP_STEPS
 WARMUP_STEPS = 4
@@ -51,14 +59,10 @@ def measure_throughput(
     backward is split at the embedding, which computes the same gradients). The caller gives
     every method the same initial backbone. On CUDA the phases are timed with events. Under
     torchrun (`dist`), this rank embeds its shard of every batch, as in a run, and the
-    images counted are the whole batches. With a `feeder` (harness.pipeline.Feeder) the
+    images counted are the whole batches. With a `feeder` (harness.data.pipeline.Feeder) the
     batches come from it, prepared as in a run, and the record adds the data-wait share;
     `split_backward=False` times the step exactly as a run takes it (no mining/loss split)."""
     import torch
-
-    from harness import distributed
-    from harness.runner import contiguous
-    from harness.sampler import PKSampler
 
     data, split = prepared.data, prepared.split
     labels = contiguous(data.labels[split.train])
@@ -66,10 +70,10 @@ def measure_throughput(
     sampler = PKSampler(
         labels, protocol.sampler.classes_per_batch, protocol.sampler.images_per_class, seed
     )
-    dist = dist or distributed.SINGLE
+    dist = dist or SINGLE
     if dist.world_size > 1:  # as train does: batch statistics over the whole batch
-        distributed.convert_batchnorm(backbone)
-        distributed.convert_batchnorm(method.head)
+        convert_batchnorm(backbone)
+        convert_batchnorm(method.head)
     step = _training_step(backbone, method, data.images[split.train], labels, coarse, protocol,
                           device, seed, dist, split_backward)  # fmt: skip
     keys = [(n, sampler.next_batch()) for n in range(warmup + steps)]
@@ -110,15 +114,12 @@ def stage_batches(
     up front, so that a timed loop measures the training step and not the data pipeline
     (`cost --pipeline` measures that). None: images in memory without augmentation, which
     the step indexes itself at no cost."""
-    from harness import distributed
-    from harness.augment import TrainPipeline
-    from harness.pipeline import load_batch
 
     train = protocol.augmentation.train
     if not train and not hasattr(images, "load"):
         return None
     augment = TrainPipeline(train, seed) if train else None
-    return [load_batch(images, augment, n, idx, dist or distributed.SINGLE) for n, idx in keys]
+    return [load_batch(images, augment, n, idx, dist or SINGLE) for n, idx in keys]
 
 
 def _training_step(
@@ -126,10 +127,6 @@ def _training_step(
     protocol: Protocol, device: torch.device, seed: int, dist: Dist, split_backward: bool,
 ) -> Any:  # fmt: skip
     """The step a run trains with: the protocol's optimizer, precision and augmentation."""
-    from harness.augment import TrainPipeline
-    from harness.precision import grad_scaler
-    from harness.step import TrainingStep, parameter_groups, trainable_modules
-    from harness.train import make_optimizer
 
     optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
     trainable_modules(backbone, method).train()

@@ -1,4 +1,6 @@
-"""Datasets: each module registers one builder; importing this package registers them all."""
+"""Data: datasets (each module registers one builder; importing this package registers them
+all), the class-disjoint splits, the P x K sampler, the protocol's augmentation, the data a
+protocol's runs share (`prepare`), and the pipeline that feeds the training step."""
 
 from harness.data import (  # noqa: F401  (one line per dataset: registers it)
     cars196,
@@ -9,7 +11,45 @@ from harness.data import (  # noqa: F401  (one line per dataset: registers it)
     sop,
     vehicleid,
 )
-from harness.data.base import DATASETS, LabelledImages, default_cache_dir, register_dataset
+from harness.data.augment import EvalView, TrainPipeline, for_test
+from harness.data.base import DATASETS, LabelledImages, register_dataset
+from harness.data.fetch import download
 from harness.data.lazy import LazyImages
+from harness.data.pipeline import Augment, Feeder, default_workers, load_batch, worker_death
+from harness.data.prepare import (
+    PreparedData,
+    check_dataset,
+    contiguous,
+    decoded_by,
+    prepare_data,
+    resize,
+)
+from harness.data.sampler import PKSampler
+from harness.data.splits import Split, split_classes
+from harness.data.verification import verify
 
-__all__ = ["DATASETS", "LabelledImages", "LazyImages", "default_cache_dir", "register_dataset"]
+__all__ = [
+    "DATASETS",
+    "Augment",
+    "EvalView",
+    "Feeder",
+    "LabelledImages",
+    "LazyImages",
+    "PKSampler",
+    "PreparedData",
+    "Split",
+    "TrainPipeline",
+    "check_dataset",
+    "contiguous",
+    "decoded_by",
+    "default_workers",
+    "download",
+    "for_test",
+    "load_batch",
+    "prepare_data",
+    "register_dataset",
+    "resize",
+    "split_classes",
+    "verify",
+    "worker_death",
+]

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from harness.core import HarnessError, Registry
 from harness.data.lazy import LazyImages
-from harness.errors import HarnessError
-from harness.registry import Registry
 
 # The official parts a dataset may assign its items to (protocol `split: {official: true}`).
 PARTS = ("train", "test", "query", "gallery")
@@ -88,10 +86,3 @@ DATASETS: Registry[DatasetBuilder] = Registry("dataset")
 def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
     """Register a dataset builder under `name` (one line per dataset in harness/data/__init__.py)."""
     return DATASETS.register(name)
-
-
-def default_cache_dir() -> Path:
-    """Where generated or converted data is cached: $DML_HARNESS_CACHE or ~/.cache/dml-harness."""
-    import os
-
-    return Path(os.environ.get("DML_HARNESS_CACHE", Path.home() / ".cache" / "dml-harness"))

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.official import Listing, require_root
-from harness.errors import HarnessError
 
 TRAIN_CLASSES = 98  # classes 1..98 train, the rest test
 # (words in the class name, body type): the first rule whose word appears wins

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.official import Listing, as_int, find_dir, read_rows, require_root
-from harness.errors import HarnessError
 
 FOLDER = "CUB_200_2011"
 TRAIN_CLASSES = 100  # classes 1..100 train, the rest test

@@ -63,9 +63,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.unicode_blocks import block_of, block_start
-from harness.errors import HarnessError
 
 log = logging.getLogger(__name__)
 

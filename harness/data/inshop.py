@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.official import Listing, index_labels, read_rows, require_root
-from harness.errors import HarnessError
 
 STATUS = {"train": "train", "query": "query", "gallery": "gallery"}
 

@@ -12,7 +12,7 @@ when one is given, and resizes the result to S x S with PIL's bilinear filter (a
 the aspect ratio is not kept, like the 256 x 256 resize of the seed papers). Size 0 keeps
 each image at its own size and aspect (the augmentation's `load: original`): `.load()` then
 returns a list of [3, H, W] tensors, for the augmentation to crop and resize one by one.
-Random crops and flips are the augmentation's (harness.augment), not the decoder's. A missing,
+Random crops and flips are the augmentation's (harness.data.augment), not the decoder's. A missing,
 truncated or corrupt file raises a HarnessError naming its path.
 """
 
@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from harness.errors import HarnessError
+from harness.core import HarnessError
+from harness.data.boxes import box_edges
+from harness.data.torch_decode import read
 
 if TYPE_CHECKING:
     from harness.data.torch_decode import Encoded
@@ -71,17 +73,6 @@ def open_rgb(path: str | Path):
             f"cannot decode image {path} ({type(exc).__name__}: {exc}); the file is corrupt "
             "or truncated: replace it from the official archive"
         ) from None
-
-
-def box_edges(box: np.ndarray | None, width: int, height: int) -> tuple[int, int, int, int] | None:
-    """(left, top, right, bottom) pixel edges of a crop box, rounded and clamped to the image;
-    None for no box (absent, NaN, or empty once clamped)."""
-    if box is None or np.isnan(box).any():
-        return None
-    left, top = max(0, int(round(box[0]))), max(0, int(round(box[1])))
-    right = min(width, max(left + 1, int(round(box[2]))))
-    bottom = min(height, max(top + 1, int(round(box[3]))))
-    return (left, top, right, bottom) if right > left and bottom > top else None
 
 
 def decode(path: str | Path, size: int, box: np.ndarray | None = None) -> np.ndarray:
@@ -160,7 +151,6 @@ class LazyImages:
 
     def read(self) -> Encoded:
         """The view's files read but not decoded, for the torch decoder on self.device."""
-        from harness.data.torch_decode import read
 
         boxes = [None if self.boxes is None else self.boxes[i] for i in self.indices]
         return read([str(self.paths[i]) for i in self.indices], boxes, self.size, self.device)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.core import HarnessError
 from harness.data.base import LabelledImages
 from harness.data.lazy import LazyImages
-from harness.errors import HarnessError
 
 # Decode size before the runner resizes to the backbone's input size (a LazyImages view only
 # records the size: nothing is decoded at this size unless asked).

@@ -34,9 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from harness.core import HarnessError, closest
 from harness.data.base import LabelledImages, register_dataset
-from harness.errors import HarnessError
-from harness.registry import closest
 
 log = logging.getLogger(__name__)
 

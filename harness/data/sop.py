@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.official import Listing, as_int, find_dir, read_rows, require_root
-from harness.errors import HarnessError
 
 FOLDER = "Stanford_Online_Products"
 

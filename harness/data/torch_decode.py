@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.errors import HarnessError
+from harness.core import HarnessError
+from harness.data.boxes import box_edges
 
 JPEG = b"\xff\xd8"
 
@@ -117,8 +118,6 @@ def _crop_resize(image: torch.Tensor, box: np.ndarray | None, size: int) -> torc
     """The bounding box crop (the same pixel edges as the PIL decoder's), then
     the antialiased bilinear resize to size x size (size 0: none)."""
     import torchvision.transforms.v2.functional as TF
-
-    from harness.data.lazy import box_edges
 
     edges = box_edges(box, image.shape[-1], image.shape[-2])
     if edges is not None:

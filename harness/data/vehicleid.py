@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.official import Listing, find_dir, index_labels, read_rows, require_root
-from harness.errors import HarnessError
 
 FOLDER = "VehicleID_V1.0"
 TEST_SETS = {"small": 800, "medium": 1600, "large": 2400}

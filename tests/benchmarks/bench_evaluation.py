@@ -34,8 +34,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     faiss = None
 
-from harness.evaluate import distance_histogram
-from harness.metrics import compute_metrics
+from harness.evaluate import compute_metrics, distance_histogram
 
 TOP_K = ["recall@K", "precision@1", "r_precision", "map@r"]
 

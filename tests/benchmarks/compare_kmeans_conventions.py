@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from harness.metrics import f1_pairwise, kmeans, nmi
+from harness.evaluate.metrics.clustering import f1_pairwise, kmeans, nmi
 
 
 def inertia(x: np.ndarray, ids: np.ndarray) -> float:

@@ -24,8 +24,7 @@ import numpy as np
 import torch
 from bench_evaluation import embeddings
 
-from harness.evaluate import distance_histogram, rerank
-from harness.metrics import compute_report, lda_score
+from harness.evaluate import compute_report, distance_histogram, lda_score, rerank
 
 TOP_K = ["recall@K", "precision@1", "r_precision", "map@r"]
 

@@ -7,11 +7,11 @@ Skipped by the default test command (`--benchmark-skip` in pyproject.toml); run 
 
 from __future__ import annotations
 
+import harness.methods  # noqa: F401  (registers the methods)
 import pytest
 import torch
 
-import methods  # noqa: F401  (registers the methods)
-from harness.method import METHODS, Batch, Embedded, Method, MethodContext
+from harness.core import METHODS, Batch, Embedded, Method, MethodContext
 
 K = 4
 SIZES = (64, 256)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import harness.methods  # noqa: F401
 import numpy as np
 import pytest
 import torch
@@ -14,14 +15,18 @@ import torchvision.transforms.v2.functional as TF
 import yaml
 from tiny_training import DiesInAWorker, crash_after_epoch_2, fresh_contrastive, tiny_images
 
-import methods  # noqa: F401
-from harness.augment import AugmentationSpec, EvalView, OpSpec, TrainPipeline, apply_op, generator
 from harness.cli import main
-from harness.data.lazy import LazyImages
-from harness.errors import HarnessError
-from harness.pipeline import MAX_AUTO_WORKERS, Feeder, default_workers
-from harness.protocol import load_protocol, parse_protocol
-from harness.shipped import PROTOCOL_DIR
+from harness.core import (
+    PROTOCOL_DIR,
+    AugmentationSpec,
+    HarnessError,
+    OpSpec,
+    load_protocol,
+    parse_protocol,
+)
+from harness.data import EvalView, Feeder, LazyImages, TrainPipeline, default_workers
+from harness.data.augment import apply_op, generator
+from harness.data.pipeline import MAX_AUTO_WORKERS
 from harness.train import train
 
 CPU = torch.device("cpu")
@@ -52,7 +57,7 @@ def test_a_random_crop_is_a_window_of_the_image_drawn_by_its_own_generator():
 
 
 def test_the_random_resized_crop_box_keeps_to_its_scale_and_ratio():
-    from harness.augment import _crop_box
+    from harness.data.augment import _crop_box
 
     spec = op("random_resized_crop", size=8, scale=[0.25, 0.5], ratio=[0.5, 2.0])
     for step in range(200):
@@ -175,7 +180,7 @@ def test_images_at_their_own_sizes_are_cropped_one_by_one(tmp_path):
     side and takes the center."""
     from PIL import Image
 
-    from harness.data.lazy import LazyImages
+    from harness.data import LazyImages
 
     sizes = [(50, 30), (40, 64)]  # (width, height)
     paths = []
@@ -203,7 +208,7 @@ def test_channels_last_originals_crop_to_the_same_pixels(tmp_path, interpolation
     uint8 resize is 2-3x faster on it): the crops must equal those of channels-first copies."""
     from PIL import Image
 
-    from harness.data.lazy import LazyImages
+    from harness.data import LazyImages
 
     rng = np.random.default_rng(0)
     paths = []

@@ -9,22 +9,20 @@ from pathlib import Path
 import pytest
 from stand_in import other_kernels_env
 
-from harness.check import (
+from harness.cli import main
+from harness.core import HarnessError, load_protocol
+from harness.records import Environment, MethodInfo, ProtocolInfo, RunResult
+from harness.report import BASELINE_DIR, check
+from harness.report.regression import (
     ALPHA,
-    BASELINE_DIR,
     MIN_BOUND,
     WATCH_DROP,
-    check,
     compare,
     load_baseline,
     t_bound,
     too_noisy,
     update,
 )
-from harness.cli import main
-from harness.errors import HarnessError
-from harness.protocol import load_protocol
-from harness.results import Environment, MethodInfo, ProtocolInfo, RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -210,7 +208,7 @@ def test_planted_regression_fails_in_both_modes_and_on_a_stand_in_machine(tmp_pa
 def test_a_method_made_worse_on_purpose_fails_the_statistical_check(tmp_path: Path):
     """Contrastive with margin 0 never pushes negatives apart: against the committed baseline
     (the same protocol otherwise), its metrics regress beyond the statistical bound."""
-    from harness.check import run_protocol
+    from harness.report.regression import run_protocol
 
     text = (
         (REPO / "protocols" / "regression.yaml")
@@ -227,8 +225,9 @@ def test_a_method_made_worse_on_purpose_fails_the_statistical_check(tmp_path: Pa
 
 
 def test_committed_baseline_covers_every_method_with_enough_seeds():
-    import methods  # noqa: F401
-    from harness.method import METHODS
+    import harness.methods  # noqa: F401
+
+    from harness.core import METHODS
 
     baseline = load_baseline(BASELINE_DIR / "regression.json")
     protocol = load_protocol("regression")

@@ -131,10 +131,10 @@ def test_global_options_before_or_after_the_subcommand(tmp_path: Path):
 
 def test_leaderboard_command_draws_one_panel_row_per_family(tmp_path: Path):
     """The command must load the methods: without their registry every method is "other"."""
+    import harness.methods  # noqa: F401
     from PIL import Image
 
-    import methods  # noqa: F401
-    from harness.figures import training_curve
+    from harness.report import training_curve
 
     paths = []
     for name in ("contrastive", "triplet"):
@@ -153,7 +153,7 @@ def test_leaderboard_command_draws_one_panel_row_per_family(tmp_path: Path):
 
 
 def test_program_name_follows_the_entry_point(monkeypatch: pytest.MonkeyPatch):
-    from harness.cli import program_name
+    from harness.core import program_name
 
     monkeypatch.setattr(sys, "argv", ["/venv/bin/dml-harness", "ls"])
     assert program_name() == "dml-harness"
@@ -184,7 +184,7 @@ def test_evaluate_all_vs_all_and_query_gallery(tmp_path: Path):
 
 
 def test_evaluate_clustering_option_picks_the_k_means_convention(tmp_path: Path, capsys):
-    from harness.metrics import compute_metrics
+    from harness.evaluate import compute_metrics
 
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(12), 6)
@@ -261,7 +261,8 @@ def test_validate_reports_each_bad_file(tmp_path: Path):
 def test_a_crashed_ray_task_makes_the_sweep_exit_1(tmp_path: Path, monkeypatch, capsys):
     """A task that raised is counted as `error` by the Ray engine's collector; the command
     must not exit 0 as if every run had finished."""
-    import harness.engines
+    import harness.cli.run
+    import harness.sweep.ray
 
     class CrashingRay:  # ray.wait / ray.get as the collector calls them; the task raised
         def wait(self, refs, num_returns, timeout):
@@ -277,10 +278,10 @@ def test_a_crashed_ray_task_makes_the_sweep_exit_1(tmp_path: Path, monkeypatch, 
     def sweep_ray(specs, *args, **kwargs):
         counts: dict[str, int] = {}
         pending = {f"task{i}": (spec, None) for i, spec in enumerate(specs)}
-        harness.engines._collect(CrashingRay(), pending, len(specs), counts, False, NoEpochs())
+        harness.sweep.ray._collect(CrashingRay(), pending, len(specs), counts, False, NoEpochs())
         return counts
 
-    monkeypatch.setattr(harness.engines, "sweep_ray", sweep_ray)
+    monkeypatch.setattr(harness.cli.run, "sweep_ray", sweep_ray)
     args = ["-q", "run", "--protocol", "smoke", "--method", "contrastive", "--engine", "ray",
             "--results-dir", str(tmp_path), "--max-steps", "2", "--seeds"]  # fmt: skip
     # every task crashed: no results at all, so no leaderboard, and still exit 1 (not 2)

@@ -8,15 +8,14 @@ import dataclasses
 import json
 import shutil
 
+import harness.methods  # noqa: F401
 import numpy as np
 import pytest
 import torch
 from tiny_training import crash_after_epoch_2, fresh_contrastive, tiny_images
 
-import methods  # noqa: F401
 from harness.cli import main
-from harness.errors import HarnessError
-from harness.protocol import load_protocol
+from harness.core import HarnessError, load_protocol
 from harness.train import check_compile, train
 
 CPU = torch.device("cpu")

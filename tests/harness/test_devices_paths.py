@@ -15,11 +15,9 @@ import torch
 from jpeg_tree import cub_jpegs
 from tiny_training import fresh_contrastive, tiny_images
 
-from harness.augment import OpSpec, TrainPipeline
-from harness.data.lazy import LazyImages
-from harness.metrics import compute_metrics
-from harness.pipeline import Feeder
-from harness.protocol import load_protocol
+from harness.core import OpSpec, load_protocol
+from harness.data import Feeder, LazyImages, TrainPipeline
+from harness.evaluate import compute_metrics
 from harness.train import train
 
 CPU = torch.device("cpu")

@@ -11,12 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 
-import methods  # noqa: F401
-from harness import distributed
-from harness.method import METHODS, MethodContext
+from harness.core import METHODS, Dist, HarnessError, MethodContext
+from harness.train import convert_batchnorm
 
 pytestmark = pytest.mark.slow  # minutes: run by the README's test command, not by a bare pytest
 REPO = Path(__file__).resolve().parents[2]
@@ -116,8 +116,8 @@ def test_a_batchnorm_it_cannot_synchronise_is_a_clear_error():
         pass
 
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), OwnNorm(4))
-    with pytest.raises(distributed.HarnessError, match="OwnNorm is a BatchNorm the harness"):
-        distributed.convert_batchnorm(net)
+    with pytest.raises(HarnessError, match="OwnNorm is a BatchNorm the harness"):
+        convert_batchnorm(net)
 
 
 def test_ranks_that_resume_at_different_steps_stop_with_a_clear_error(tmp_path):
@@ -131,9 +131,9 @@ def test_ranks_that_resume_at_different_steps_stop_with_a_clear_error(tmp_path):
 
 
 def test_a_batch_that_does_not_split_is_a_clear_error():
-    with pytest.raises(distributed.HarnessError, match="does not split over 3 processes"):
-        distributed.Dist(rank=0, world_size=3, backend="gloo").shard(64)
-    assert distributed.Dist(rank=1, world_size=2, backend="gloo").shard(64) == slice(32, 64)
+    with pytest.raises(HarnessError, match="does not split over 3 processes"):
+        Dist(rank=0, world_size=3, backend="gloo").shard(64)
+    assert Dist(rank=1, world_size=2, backend="gloo").shard(64) == slice(32, 64)
 
 
 def test_torchrun_harness_run_writes_one_result_like_one_process(tmp_path):
@@ -170,7 +170,7 @@ def test_cost_devices_measures_the_step_on_1_and_2_processes(tmp_path, capsys):
     import json
 
     from harness.cli import main
-    from harness.cost import cost_section
+    from harness.report import cost_section
 
     args = ["cost", "--devices", "2", "--protocol", "smoke", "--methods", "proxy_anchor",
             "--steps", "3", "--results-dir", str(tmp_path), "--json"]  # fmt: skip

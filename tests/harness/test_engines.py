@@ -101,12 +101,12 @@ def test_a_killed_worker_is_retried_and_every_result_is_written_once(tmp_path, c
 
 
 def test_without_ray_the_engine_says_how_to_install_it(monkeypatch, capsys):
-    import harness.engines
+    import harness.sweep.ray
 
     def missing():
-        raise harness.engines.HarnessError("--engine ray needs Ray: pip install -e '.[ray]'")
+        raise harness.core.HarnessError("--engine ray needs Ray: pip install -e '.[ray]'")
 
-    monkeypatch.setattr(harness.engines, "import_ray", missing)
+    monkeypatch.setattr(harness.sweep.ray, "import_ray", missing)
     assert main(["run", "--protocol", "smoke", "--method", "contrastive", "--engine", "ray"]) == 2
     assert "pip install -e '.[ray]'" in capsys.readouterr().err
 
@@ -117,8 +117,8 @@ def test_tune_on_ray_ends_with_exactly_n_trials_in_one_storage(tmp_path, capsys)
     import optuna
     import yaml
 
-    import harness.tune
-    from harness.shipped import PROTOCOL_DIR
+    import harness.tune.study
+    from harness.core import PROTOCOL_DIR
 
     data = yaml.safe_load((PROTOCOL_DIR / "learning.yaml").read_text())
     data["name"], data["split"]["validation_fraction"] = "learning_val", 0.25

@@ -6,11 +6,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from harness.augment import AugmentationSpec
 from harness.backbones import Backbone
-from harness.evaluate import Evaluation, distance_histogram, evaluate, rerank
-from harness.method import Embedded, Method
-from harness.metrics import compute_metrics
+from harness.core import AugmentationSpec, Embedded, Method
+from harness.evaluate import Evaluation, compute_metrics, distance_histogram, evaluate, rerank
 
 
 def neg_sq_dist(q: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -166,11 +164,11 @@ def test_non_finite_test_embeddings_fail_the_run_not_the_sweep(tmp_path, monkeyp
     on to the next run."""
     import json
 
+    import harness.methods  # noqa: F401
     import pytest
 
-    import harness.runner as runner
-    import methods  # noqa: F401
-    from harness.errors import TrainingFailed
+    import harness.sweep.runner as runner
+    from harness.core import TrainingFailed
 
     backbone = Backbone([torch.nn.Identity()], [1], 1, (0.0,), (1.0,))
     protocol = _protocol(SimpleNamespace(batch_size=8, recall_ks=(1,), metrics=("recall@K",),

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import torch
+from harness.methods.contrastive import ContrastiveLoss
+from harness.methods.triplet import SemiHardMiner
 
 from harness.cli import main
-from harness.runner import RunSpec, execute
-from methods.contrastive import ContrastiveLoss
-from methods.triplet import SemiHardMiner
+from harness.sweep import RunSpec, execute
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,7 +95,7 @@ def test_nan_loss_marks_the_run_failed_and_the_sweep_goes_on(tmp_path: Path, mon
 def test_a_miner_that_finds_nothing_fails_the_run(tmp_path: Path, monkeypatch):
     def nothing(self, out, batch):
         empty = torch.empty(0, dtype=torch.long)
-        from harness.method import Triplets
+        from harness.core import Triplets
 
         return Triplets(0, empty, empty, empty)
 

@@ -7,12 +7,10 @@ import sys
 import torch
 from stand_in import other_kernels_env, plain_env
 
-from harness.fingerprint import describe, fingerprint_id, machine_fingerprint
-from harness.results import environment
+from harness.records import describe, environment, machine_fingerprint
+from harness.records.fingerprint import fingerprint_id
 
-PRINT_FP = (
-    "from harness.fingerprint import machine_fingerprint as f; import json; print(json.dumps(f()))"
-)
+PRINT_FP = "from harness.records.fingerprint import machine_fingerprint as f; import json; print(json.dumps(f()))"
 
 
 def fingerprint_in_subprocess(env: dict[str, str]) -> dict:

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import harness.methods  # noqa: F401  (registers every method)
 import pytest
 import yaml
 
-import methods  # noqa: F401  (registers every method)
-from harness.errors import HarnessError
-from harness.method import METHODS, Method, MethodContext, register_method
-from harness.protocol import load_protocol
-from harness.runner import plan
-from harness.search import Choice, Float
-from harness.tune import overlay_path
+from harness.core import (
+    METHODS,
+    Choice,
+    Float,
+    HarnessError,
+    Method,
+    MethodContext,
+    load_protocol,
+    register_method,
+)
+from harness.sweep import overlay_path, plan
 
 
 def test_numbers_take_ints_but_not_bools_or_strings():

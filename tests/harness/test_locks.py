@@ -9,7 +9,7 @@ import socket
 import time
 from pathlib import Path
 
-from harness.locks import run_lock
+from harness.records import run_lock
 
 HOST = socket.gethostname()
 DEAD_PID = 999_999_999  # above any pid_max: no such process

@@ -15,10 +15,9 @@ import yaml
 
 from harness.backbones import build_backbone
 from harness.cli import main
-from harness.errors import HarnessError
-from harness.leaderboard import paper_comparison
-from harness.protocol import PROTOCOL_DIR, BackboneSpec, load_protocol
-from harness.results import MethodInfo, ProtocolInfo, RunResult
+from harness.core import PROTOCOL_DIR, BackboneSpec, HarnessError, load_protocol
+from harness.records import MethodInfo, ProtocolInfo, RunResult
+from harness.report.leaderboard import paper_comparison
 
 PAPER_PROTOCOLS = sorted(
     p.stem for p in PROTOCOL_DIR.glob("*.yaml") if p.stem.split("_")[0] in

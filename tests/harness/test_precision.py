@@ -6,17 +6,15 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import harness.methods  # noqa: F401
 import numpy as np
 import pytest
 import torch
 import yaml
 from tiny_training import crash_after_epoch_2, fresh_contrastive, tiny_images
 
-import methods  # noqa: F401
 from harness.cli import main
-from harness.errors import HarnessError
-from harness.protocol import load_protocol, parse_protocol
-from harness.shipped import PROTOCOL_DIR
+from harness.core import PROTOCOL_DIR, HarnessError, load_protocol, parse_protocol
 from harness.train import train
 
 CPU = torch.device("cpu")

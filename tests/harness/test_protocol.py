@@ -3,8 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.errors import HarnessError
-from harness.protocol import PROTOCOL_DIR, load_protocol, parse_protocol, protocol_names
+from harness.core import PROTOCOL_DIR, HarnessError, load_protocol, parse_protocol, protocol_names
 
 BASE = yaml.safe_load((PROTOCOL_DIR / "smoke.yaml").read_text())
 
@@ -97,17 +96,17 @@ def test_unknown_protocol_name_suggests():
 
 
 def test_an_installation_without_protocols_says_so(tmp_path: Path, monkeypatch):
-    import harness.protocol
+    import harness.core.protocol
 
-    monkeypatch.setattr(harness.protocol, "PROTOCOL_DIR", tmp_path)
+    monkeypatch.setattr(harness.core.protocol, "PROTOCOL_DIR", tmp_path)
     with pytest.raises(HarnessError, match="no shipped protocols in .*installation is incomplete"):
         load_protocol("smoke")
     assert load_protocol(str(PROTOCOL_DIR / "smoke.yaml")).name == "smoke"  # a path still works
 
 
 def test_the_clone_finds_its_own_protocols_and_git_history():
-    from harness.results import _git
-    from harness.shipped import REFERENCE_FILE, source_tree
+    from harness.core import REFERENCE_FILE, source_tree
+    from harness.records.provenance import _git
 
     repo = Path(__file__).resolve().parents[2]
     assert PROTOCOL_DIR == repo / "protocols" and REFERENCE_FILE.is_file()
@@ -118,10 +117,10 @@ def test_the_clone_finds_its_own_protocols_and_git_history():
 
 def test_an_installed_harness_records_no_git_commit(monkeypatch):
     """A virtualenv inside some other clone must not record that clone's commit."""
-    import harness.results
+    import harness.records.provenance
 
-    monkeypatch.setattr(harness.results, "source_tree", lambda: None)
-    assert harness.results._git("rev-parse", "HEAD") == ""
+    monkeypatch.setattr(harness.records.provenance, "source_tree", lambda: None)
+    assert harness.records.provenance._git("rev-parse", "HEAD") == ""
 
 
 @pytest.mark.parametrize("name", ["../../escape", "..", ".hidden", "a/b", "a\\b", "", "-x", "a b"])

@@ -11,12 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.leaderboard import render, write_leaderboard
-from harness.protocol import load_protocol
-from harness.results import (
-    RESULT_SCHEMA,
-    Record,
+from harness.core import HarnessError, load_protocol
+from harness.records import (
     RunResult,
     load_results,
     read_result,
@@ -24,7 +20,9 @@ from harness.results import (
     write_json_atomic,
     write_result,
 )
-from harness.runner import RunSpec, plan, resolve
+from harness.records.results import RESULT_SCHEMA, Record
+from harness.report import render, write_leaderboard
+from harness.sweep import RunSpec, plan, resolve
 
 
 def run(method: str, seed: int, recall: float, status: str = "ok", hash_: str = "h1", **extra):
@@ -198,7 +196,7 @@ def test_diagnostics_are_optional_and_typed():
 
 
 def test_plan_parses_the_protocol_once_and_its_specs_pickle():
-    import methods  # noqa: F401
+    import harness.methods  # noqa: F401
 
     protocol = load_protocol("smoke")
     specs = plan(protocol, ["contrastive", "triplet"], [0, 3], results_dir="r")
@@ -216,29 +214,29 @@ def test_plan_parses_the_protocol_once_and_its_specs_pickle():
 
 
 def test_same_run_reads_typed_results(monkeypatch):
-    import harness.runner as runner
+    import harness.sweep.policy as policy
 
-    monkeypatch.setattr(runner, "machine_id", lambda: "here")
+    monkeypatch.setattr(policy, "machine_id", lambda: "here")
     old = RunResult.from_json(run("a", 0, 0.5, environment={"hardware": {"machine_id": "here"}}))
     new = RunResult.from_json(run("a", 0, 0.0, status="running"))
-    assert runner._same_run(old, new)
+    assert policy._same_run(old, new)
     new.method.hyperparameters = {"margin": 2.0}
-    assert not runner._same_run(old, new)
+    assert not policy._same_run(old, new)
     new.method.hyperparameters = {}
     old.environment.hardware.machine_id = "elsewhere"  # made on another machine: rerun
-    assert not runner._same_run(old, new)
-    assert runner._differences(old, new) == ["made on another machine"]  # the log says why
+    assert not policy._same_run(old, new)
+    assert policy._differences(old, new) == ["made on another machine"]  # the log says why
     new.method.hyperparameters = {"margin": 2.0}
-    assert runner._differences(old, new) == ["made on another machine", "other hyperparameters"]
+    assert policy._differences(old, new) == ["made on another machine", "other hyperparameters"]
     old.status, old.training = "failed", None  # a failed run's record may hold no training
-    assert runner._differences(old, new) == ["a failed run"]
+    assert policy._differences(old, new) == ["a failed run"]
 
 
 def test_the_machine_id_outlives_the_data_cache(tmp_path, monkeypatch):
     """The id lives in the user's configuration: a cleared or moved data cache does not make
     this machine another one (which would rerun and archive every finished result); an id
     kept in the cache by an older version is carried over."""
-    from harness.results import machine_id
+    from harness.records import machine_id
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "cache"))
@@ -319,8 +317,9 @@ def _named_methods(path: Path, names: set[str]) -> list[str]:
 
 
 def test_harness_code_names_no_method_outside_docstrings(tmp_path: Path):
-    import methods  # noqa: F401
-    from harness.method import METHODS
+    import harness.methods  # noqa: F401
+
+    from harness.core import METHODS
 
     names = set(METHODS.names())
     files = sorted((REPO / "harness").rglob("*.py"))
@@ -333,16 +332,17 @@ def test_harness_code_names_no_method_outside_docstrings(tmp_path: Path):
 
 
 def test_a_sweep_of_specs_by_path_parses_each_protocol_once(monkeypatch):
-    import harness.runner as runner
-    import methods  # noqa: F401
+    import harness.methods  # noqa: F401
+
+    import harness.sweep.spec as spec_module
 
     calls = []
     monkeypatch.setattr(
-        runner, "load_protocol", lambda name: calls.append(name) or load_protocol(name)
+        spec_module, "load_protocol", lambda name: calls.append(name) or load_protocol(name)
     )
     specs = [RunSpec(protocol="smoke", method=m, seed=s) for m in ("contrastive", "triplet")
              for s in (0, 1)]  # fmt: skip
-    resolved = runner.resolve_all(specs)
+    resolved = spec_module.resolve_all(specs)
     assert calls == ["smoke"]
     assert len({id(s.protocol) for s in resolved}) == 1
     assert [s.hyperparameters for s in resolved[::2]] == [{"margin": 1.0}, {"margin": 0.2}]

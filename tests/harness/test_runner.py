@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import pytest
 
-import methods  # noqa: F401
-from harness.errors import HarnessError
-from harness.protocol import load_protocol
-from harness.runner import RunSpec, execute, plan
+from harness.core import HarnessError, load_protocol
+from harness.sweep import RunSpec, execute, plan
 
 
 def test_plan_rejects_unknown_methods_before_running():
@@ -94,8 +93,8 @@ def test_a_changed_weights_file_is_another_run_and_another_checkpoint(tmp_path, 
     a checkpoint made from other weights is neither skipped over nor resumed from."""
     import dataclasses
 
-    import harness.runner as runner
-    from harness.train import TrainingFailed
+    import harness.sweep.runner as runner
+    from harness.core import TrainingFailed
 
     weights = tmp_path / "imagenet.pth"
     weights.write_bytes(b"weights A")
@@ -167,7 +166,7 @@ def test_a_checkpoint_of_the_other_decoder_is_not_resumed():
     default, pil, adds nothing: checkpoints written before it was recorded still resume)."""
     from types import SimpleNamespace
 
-    from harness.run_identity import checkpoint_identity
+    from harness.sweep import checkpoint_identity
 
     record = SimpleNamespace(protocol=SimpleNamespace(hash="abc"), backbone_weights=None,
                              method=SimpleNamespace(to_json=lambda: {"name": "contrastive"}))  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.errors import HarnessError
-from harness.sampler import PKSampler
+from harness.core import HarnessError
+from harness.data import PKSampler
 
 
 def test_every_batch_has_p_classes_with_k_distinct_images():

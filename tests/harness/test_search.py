@@ -2,9 +2,8 @@
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.method import METHODS, register_method
-from harness.search import Choice, Float, Int, check_space
+from harness.core import METHODS, Choice, Float, HarnessError, Int, register_method
+from harness.core.search import check_space
 
 
 class Trial:  # records what a space asks of optuna's Trial
@@ -41,7 +40,7 @@ def test_a_space_must_name_hyperparameters_and_hold_the_paper_default():
 
 
 def test_every_trained_method_declares_a_space():
-    import methods  # noqa: F401
+    import harness.methods  # noqa: F401
 
     untuned = [n for n in METHODS.names() if not METHODS.get(n).search]
     assert set(untuned) <= {"untrained"}, untuned

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness.data.base import LabelledImages
-from harness.errors import HarnessError
-from harness.protocol import SplitSpec
-from harness.splits import assert_disjoint, split_classes
+from harness.core import HarnessError, SplitSpec
+from harness.data import LabelledImages, split_classes
+from harness.data.splits import assert_disjoint
 
 
 def dataset(counts: list[int]) -> LabelledImages:

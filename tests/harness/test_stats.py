@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 
 from harness.cli import main
-from harness.leaderboard import render
-from harness.protocol import load_protocol
-from harness.results import RESULT_SCHEMA
-from harness.stats import benjamini_hochberg, bootstrap_intervals, compare, t_interval
-from harness.verdicts import against_best
+from harness.core import benjamini_hochberg, bootstrap_intervals, compare, load_protocol, t_interval
+from harness.records.results import RESULT_SCHEMA
+from harness.report import against_best, render
 
 
 def test_t_interval_by_hand():

@@ -10,14 +10,12 @@ import torch
 import yaml
 
 pytest.importorskip("timm")
+import harness.methods  # noqa: F401, E402
 import timm  # noqa: E402
 
-import methods  # noqa: F401, E402
-from harness.backbones import build_backbone  # noqa: E402
-from harness.cli import main  # noqa: E402
-from harness.errors import HarnessError  # noqa: E402
-from harness.protocol import BackboneSpec  # noqa: E402
-from harness.shipped import PROTOCOL_DIR  # noqa: E402
+from harness.backbones import build_backbone
+from harness.cli import main
+from harness.core import PROTOCOL_DIR, BackboneSpec, HarnessError
 
 VIT = {"model": "vit_tiny_patch16_224", "img_size": 32}
 

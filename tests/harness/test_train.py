@@ -5,16 +5,22 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import numpy as np
 import pytest
 import torch
 
-import methods  # noqa: F401
 from harness.backbones import build_backbone
-from harness.method import Batch, Embedded, EmbeddingHead, Method
-from harness.protocol import load_protocol
-from harness.timing import PhaseTimer
-from harness.train import LOSS_READBACK_STEPS, TrainingFailed, train
+from harness.core import (
+    Batch,
+    Embedded,
+    EmbeddingHead,
+    Method,
+    PhaseTimer,
+    TrainingFailed,
+    load_protocol,
+)
+from harness.train import LOSS_READBACK_STEPS, train
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +101,7 @@ def test_a_protocol_with_validation_classes_selects_on_them(tmp_path, select_by)
 
     import yaml
 
-    from harness.runner import RunSpec, execute
+    from harness.sweep import RunSpec, execute
 
     spec = yaml.safe_load((REPO / "protocols" / "smoke.yaml").read_text())
     spec["split"] = {"train_fraction": 0.5, "validation_fraction": 0.34}
@@ -114,7 +120,7 @@ def test_a_protocol_with_validation_classes_selects_on_them(tmp_path, select_by)
 
 
 def _contrastive(protocol, backbone):
-    from harness.method import METHODS, MethodContext
+    from harness.core import METHODS, MethodContext
 
     ctx = MethodContext(tuple(backbone.stage_dims), protocol.embedding_dim, 6)
     return METHODS.get("contrastive").build(ctx)
@@ -218,8 +224,7 @@ def test_training_state_saves_what_a_resume_needs(tmp_path: Path):
 def test_the_split_backward_step_trains_like_the_plain_one():
     """The cost command's step (backward split at the head's outputs, to time the loss
     alone) reaches the same parameters as the training loop's step."""
-    from harness.step import TrainingStep
-    from harness.train import make_optimizer
+    from harness.train import TrainingStep, make_optimizer
 
     protocol, _, images, labels = setup(12)
     results = []
@@ -240,8 +245,8 @@ def test_the_split_backward_step_trains_like_the_plain_one():
 def test_the_model_builder_seeds_as_the_runner_always_did():
     """build_model: seed, backbone, then the method's head drawing from the same RNG; the
     numbers of every committed result depend on this order."""
-    from harness.method import METHODS, MethodContext
-    from harness.model import build_model
+    from harness.core import METHODS, MethodContext
+    from harness.train import build_model
 
     protocol = load_protocol("smoke")
     model = build_model(protocol, "contrastive", {}, 3, CPU, in_channels=1, num_classes=6,
@@ -261,7 +266,7 @@ def test_training_seconds_end_before_the_data_workers_stop(monkeypatch):
     training time (else `cost`'s harness-against-bare-loop ratio would count it)."""
     from tiny_training import fresh_contrastive, tiny_images
 
-    from harness import train as train_module
+    from harness.train import loop as train_module
 
     events = []
     close, record = train_module.Feeder.close, train_module._Session.record_times

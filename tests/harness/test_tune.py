@@ -8,13 +8,13 @@ import pytest
 import torch
 import yaml
 
-import harness.evaluate
-import harness.runner
-import harness.tune
+import harness.evaluate.score
+import harness.sweep
+import harness.train.fit
+import harness.tune.study
 from harness.cli import main
-from harness.protocol import load_protocol
-from harness.runner import prepare_data
-from harness.shipped import PROTOCOL_DIR
+from harness.core import PROTOCOL_DIR, load_protocol
+from harness.data import prepare_data
 from harness.tune import class_folds
 
 
@@ -57,13 +57,13 @@ def test_tune_never_embeds_the_test_split_and_run_tuned_applies_it(learning_val,
     prepared = prepare_data(protocol, None)
     test_images = {bytes(img.numpy()) for img in prepared.data.images[prepared.split.test]}
     embedded: set[bytes] = set()
-    real_embed = harness.evaluate.embed
+    real_embed = harness.evaluate.score.embed
 
     def spy(backbone, method, images, device, batch_size, *args):
         embedded.update(bytes(img.numpy()) for img in images)
         return real_embed(backbone, method, images, device, batch_size, *args)
 
-    monkeypatch.setattr(harness.evaluate, "embed", spy)
+    monkeypatch.setattr(harness.evaluate.score, "embed", spy)
     results = tmp_path / "results"
     args = ["-q", "tune", "--protocol", learning_val, "--method", "contrastive", "--trials", "3",
             "--max-steps", "30", "--results-dir", str(results)]  # fmt: skip
@@ -148,20 +148,20 @@ def test_an_interrupted_study_resumes_to_exactly_n_trials(learning_val, tmp_path
     protocol = load_protocol(learning_val)
     for cap, chosen in ((3, "contrastive.max_steps3.yaml"), (7, "contrastive.yaml"), (None,
                         "contrastive.yaml")):  # fmt: skip
-        assert harness.tune.load_overlay(tmp_path, protocol, "contrastive", cap)["path"].endswith(
+        assert harness.sweep.load_overlay(tmp_path, protocol, "contrastive", cap)["path"].endswith(
             f"/{chosen}"
         )
 
 
 def test_tune_with_folds_averages_over_them(learning_val, tmp_path, monkeypatch):
     seen = []
-    real = harness.runner.train
+    real = harness.train.fit.train
 
     def spy(backbone, method, images, labels, *args, **kwargs):
         seen.append(len(images))
         return real(backbone, method, images, labels, *args, **kwargs)
 
-    monkeypatch.setattr(harness.runner, "train", spy)
+    monkeypatch.setattr(harness.train.fit, "train", spy)
     assert main(["-q", "tune", "--protocol", learning_val, "--method", "contrastive", "--trials",
                  "1", "--folds", "2", "--max-steps", "5", "--results-dir", str(tmp_path)]) == 0  # fmt: skip
     assert seen == [80, 80]  # 20 pooled classes x 8 images, half trained on in each fold

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
+from harness.methods.binomial_deviance import binomial_deviance
 
-import methods  # noqa: F401
-from harness.method import all_pairs
-from methods.binomial_deviance import binomial_deviance
+from harness.core import all_pairs
 
 # Four unit vectors in 2-D, classes [0, 0, 1, 1]. Cosines: (0,1) 0.8 and (2,3) 0.8 positive;
 # (0,2) 0, (0,3) -0.6, (1,2) 0.6, (1,3) -0.48 + 0.48 = 0 negative.

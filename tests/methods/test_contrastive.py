@@ -3,6 +3,7 @@ quadratic pair count, and the distance-matrix form against the gathered-row form
 
 from __future__ import annotations
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 from gathered_forms import (
@@ -12,10 +13,9 @@ from gathered_forms import (
     ref_contrastive_pair_loss,
     value_and_grad,
 )
+from harness.methods.contrastive import ContrastiveLoss
 
-import methods  # noqa: F401
-from harness.method import Batch, Embedded, Pairs, all_pairs
-from methods.contrastive import ContrastiveLoss
+from harness.core import Batch, Embedded, Pairs, all_pairs
 
 
 def test_contrastive_matches_eq1_by_hand():

@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 from gathered_forms import (
@@ -17,14 +18,13 @@ from gathered_forms import (
     ref_contrastive_pair_loss,
     value_and_grad,
 )
+from harness.methods.hdc import CascadeLoss, CascadeMiner, CascadePairs, hardest
 
-import methods  # noqa: F401
-from harness.errors import HarnessError
-from harness.leaderboard import render
-from harness.method import METHODS, Batch, Embedded, MethodContext, Pairs, all_pairs
-from harness.metrics import _lda, compute_metrics, lda_score
-from harness.runner import RunSpec, execute
-from methods.hdc import CascadeLoss, CascadeMiner, CascadePairs, hardest
+from harness.core import METHODS, Batch, Embedded, HarnessError, MethodContext, Pairs, all_pairs
+from harness.evaluate import compute_metrics, lda_score
+from harness.evaluate.metrics.report import _lda
+from harness.report import render
+from harness.sweep import RunSpec, execute
 
 
 @pytest.mark.parametrize("cascade", [True, False])

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
+from harness.methods.histogram import HistogramLoss
 from pytorch_metric_learning import losses
 
-import methods  # noqa: F401
-from harness.errors import HarnessError
-from harness.method import METHODS, Batch, Embedded, MethodContext, all_pairs
-from methods.histogram import HistogramLoss
+from harness.core import METHODS, Batch, Embedded, HarnessError, MethodContext, all_pairs
 
 # Four unit vectors in 2-D, classes [0, 0, 1, 1]. Cosines: (0,1) 0.8 and (2,3) 0.8 positive;
 # (0,2) 0, (0,3) -0.6, (1,2) 0.6, (1,3) -0.48 + 0.48 = 0 negative.

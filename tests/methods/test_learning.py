@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import functools
 
+import harness.methods  # noqa: F401
 import numpy as np
 import pytest
 import torch
 
-import methods  # noqa: F401
 from harness.backbones import build_backbone
+from harness.core import METHODS, Batch, MethodContext, load_protocol
+from harness.data import PKSampler, contiguous, prepare_data
 from harness.evaluate import evaluate
-from harness.method import METHODS, Batch, MethodContext
-from harness.protocol import load_protocol
-from harness.runner import contiguous, prepare_data
-from harness.sampler import PKSampler
 from harness.train import train
 
 PROTOCOL = load_protocol("learning")

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import math
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 from gathered_forms import SEEDS, assert_same, random_batch, ref_lifted_loss, value_and_grad
+from harness.methods.lifted_structure import lifted_loss, mine_dense_matrix
 from pytorch_metric_learning import distances, losses
 
-import methods  # noqa: F401
-from harness.method import (
-    Batch,
-    Embedded,
-)
-from methods.lifted_structure import lifted_loss, mine_dense_matrix
+from harness.core import Batch, Embedded
 
 
 @pytest.mark.parametrize("duplicates", [False, True])

@@ -7,7 +7,7 @@ import pytest
 import torch
 from pml_cases import batch, build
 
-from harness.method import Triplets
+from harness.core import Triplets
 
 
 def test_margin_loss_is_eq_3_over_the_nonzero_terms():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
+from harness.methods.npairs import npair_tuples, npairs_loss
 from pytorch_metric_learning import distances, losses
 
-import methods  # noqa: F401
-from harness.method import METHODS, Batch, Embedded, MethodContext
-from methods.npairs import npair_tuples, npairs_loss
+from harness.core import METHODS, Batch, Embedded, MethodContext
 
 # P = 2 classes x K = 4, interleaved: class 0 at 0, 2, 4, 6 and class 1 at 1, 3, 5, 7.
 NPAIR_EMB = torch.tensor(

@@ -3,6 +3,7 @@ matrix against row differences, float32 forms, and finite gradients at zero dist
 
 from __future__ import annotations
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 from gathered_forms import (
@@ -14,18 +15,17 @@ from gathered_forms import (
     ref_quadruplet_euclidean,
     ref_triplet_global,
 )
-
-import methods  # noqa: F401
-from harness.method import METHODS, Batch, Embedded, MethodContext, all_pairs
-from methods._pair_losses import (
+from harness.methods._pair_losses import (
     distance_matrix,
     global_loss,
     pair_values,
     squared_distance_matrix,
 )
-from methods.contrastive import ContrastiveLoss
-from methods.lifted_structure import lifted_loss
-from methods.triplet_global import TripletGlobalLoss, all_triplets
+from harness.methods.contrastive import ContrastiveLoss
+from harness.methods.lifted_structure import lifted_loss
+from harness.methods.triplet_global import TripletGlobalLoss, all_triplets
+
+from harness.core import METHODS, Batch, Embedded, MethodContext, all_pairs
 
 
 def test_global_loss_by_hand() -> None:

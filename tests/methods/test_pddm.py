@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,19 +19,8 @@ from gathered_forms import (
     ref_quadruplet_euclidean,
     value_and_grad,
 )
-
-import methods  # noqa: F401
-from harness.method import (
-    METHODS,
-    Batch,
-    Embedded,
-    EmbeddingHead,
-    MethodContext,
-    Quadruplets,
-)
-from harness.metrics.pair_auc import rank_auc, sample_pairs
-from methods._pair_losses import squared_distance_matrix
-from methods.pddm import (
+from harness.methods._pair_losses import squared_distance_matrix
+from harness.methods.pddm import (
     SCALE_FLOOR,
     PDDMUnit,
     double_header_loss,
@@ -40,6 +30,17 @@ from methods.pddm import (
     scale,
     scaled_graph,
 )
+
+from harness.core import (
+    METHODS,
+    Batch,
+    Embedded,
+    EmbeddingHead,
+    MethodContext,
+    Quadruplets,
+    sample_pairs,
+)
+from harness.core.pair_auc import rank_auc
 
 
 @pytest.mark.parametrize("duplicates", [False, True])

@@ -7,16 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
+from harness.methods._pml import AllTuples, PmlMiner, pml_listing, to_indices, to_tuples
 from pml_cases import batch
 from pytorch_metric_learning import losses, miners
 
-import methods  # noqa: F401
-from harness.errors import HarnessError
-from harness.method import METHODS, MethodContext, Pairs, Triplets
-from harness.runner import RunSpec, execute
-from methods._pml import AllTuples, PmlMiner, pml_listing, to_indices, to_tuples
+from harness.core import METHODS, HarnessError, MethodContext, Pairs, Triplets
+from harness.sweep import RunSpec, execute
 
 
 def test_index_tuples_round_trip_through_typed_tuples():
@@ -97,7 +96,7 @@ def test_the_listing_names_losses_and_miners():
 def test_a_protocol_overrides_a_pml_method(tmp_path: Path):
     import yaml
 
-    from harness.protocol import PROTOCOL_DIR
+    from harness.core import PROTOCOL_DIR
 
     data = yaml.safe_load((PROTOCOL_DIR / "smoke.yaml").read_text())
     data["methods"] = {"pml:TupletMarginLoss": {"margin": 3.0}}

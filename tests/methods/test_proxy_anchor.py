@@ -8,9 +8,8 @@ import pytest
 import torch
 from pml_cases import NUM_CLASSES, batch, build, cosine, loss_of
 
-from harness.protocol import load_protocol
-from harness.step import parameter_groups
-from harness.train import make_optimizer
+from harness.core import load_protocol
+from harness.train import make_optimizer, parameter_groups
 
 
 def proxy_anchor_by_hand(emb, labels, proxies, alpha: float, delta: float) -> float:

@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 from gathered_forms import (
@@ -18,18 +19,16 @@ from gathered_forms import (
     ref_quadruplet_selection_distances,
     value_and_grad,
 )
-
-import harness.runner
-import methods  # noqa: F401
-from harness.errors import HarnessError
-from harness.method import METHODS, Batch, Embedded, MethodContext, Quadruplets
-from harness.runner import RunSpec, execute
-from methods.quadruplet_selection import (
+from harness.methods.quadruplet_selection import (
     HierarchicalHead,
     QuadrupletSelectionLoss,
     hypersphere_quadruplets,
     random_quadruplets,
 )
+
+import harness.sweep.runner
+from harness.core import METHODS, Batch, Embedded, HarnessError, MethodContext, Quadruplets
+from harness.sweep import RunSpec, execute
 
 
 @pytest.mark.parametrize("name", ["quadruplet_random", "quadruplet_method1", "quadruplet_method2"])
@@ -216,14 +215,14 @@ def test_missing_or_bad_coarse_labels_are_one_line_errors(name: str):
 
 
 def test_runner_marks_a_dataset_without_coarse_labels_not_applicable(tmp_path, monkeypatch):
-    real = harness.runner.prepare_data
+    real = harness.sweep.runner.prepare_data
 
     def without_coarse(protocol, data_root):
         prepared = real(protocol, data_root)
         data = dataclasses.replace(prepared.data, coarse_labels=None, coarse_names=None)
         return dataclasses.replace(prepared, data=data)
 
-    monkeypatch.setattr(harness.runner, "prepare_data", without_coarse)
+    monkeypatch.setattr(harness.sweep.runner, "prepare_data", without_coarse)
     spec = RunSpec(protocol="smoke", method="quadruplet_method2", seed=0, results_dir=str(tmp_path))
     status, path = execute(spec, progress=False)
     record = json.loads(path.read_text())

@@ -7,14 +7,12 @@ import json
 import math
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 
-import methods  # noqa: F401
-from harness.errors import HarnessError
-from harness.method import METHODS, Batch, MethodContext, register_method
-from harness.registry import Registry
-from harness.runner import RunSpec, execute
+from harness.core import METHODS, Batch, HarnessError, MethodContext, Registry, register_method
+from harness.sweep import RunSpec, execute
 
 
 @pytest.mark.parametrize("name", METHODS.names())

@@ -3,11 +3,11 @@ their loss in a short training."""
 
 from __future__ import annotations
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 
-import methods  # noqa: F401
-from harness.method import METHODS, Batch, MethodContext
+from harness.core import METHODS, Batch, MethodContext
 
 BASELINES = ["npairs", "histogram", "binomial_deviance", "triplet_global"]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
+from harness.methods.triplet import SemiHardMiner, TripletLoss
 
-import methods  # noqa: F401
-from harness.method import Batch, Embedded
-from methods.triplet import SemiHardMiner, TripletLoss
+from harness.core import Batch, Embedded
 
 
 def test_triplet_mines_only_semihard_and_matches_formula():

@@ -3,18 +3,18 @@ and the distance-matrix form against gathered rows."""
 
 from __future__ import annotations
 
+import harness.methods  # noqa: F401
 import pytest
 import torch
 from gathered_forms import SEEDS, assert_same, random_batch, ref_triplet_global, value_and_grad
-from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
-
-import methods  # noqa: F401
-from harness.method import Batch, Embedded, Triplets
-from methods._pair_losses import (
+from harness.methods._pair_losses import (
     global_loss,
 )
-from methods.triplet import TripletLoss
-from methods.triplet_global import TripletGlobalLoss, all_triplets
+from harness.methods.triplet import TripletLoss
+from harness.methods.triplet_global import TripletGlobalLoss, all_triplets
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+from harness.core import Batch, Embedded, Triplets
 
 
 @pytest.mark.parametrize("duplicates", [False, True])

@@ -5,26 +5,18 @@ import argparse
 import json
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-import methods  # noqa: F401
-from harness.cli import build_parser
-from harness.cost import (
-    cost_section,
-    fit_power_law,
-    measure_scaling,
-    overhead_method,
-    parse_batch_sizes,
-)
-from harness.cost.command import cmd_cost
-from harness.errors import HarnessError
+from harness.cli.cost import cmd_cost
+from harness.cli.program import build_parser
+from harness.core import METHODS, HarnessError, MethodContext, load_protocol
+from harness.cost import fit_power_law, measure_scaling, overhead_method, parse_batch_sizes
 from harness.evaluate import distance_histogram
-from harness.figures import by_family, cost_figure, distance_histograms, training_curve
-from harness.method import METHODS, MethodContext
-from harness.protocol import load_protocol
+from harness.report import by_family, cost_figure, cost_section, distance_histograms, training_curve
 
 SIZES = [32, 64, 128, 256, 512, 1024]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -304,9 +296,9 @@ def test_the_bare_loop_trains_as_the_harness_does_in_bf16_on_augmented_batches(t
 
     from tiny_training import fresh_contrastive
 
-    from harness.augment import AugmentationSpec, OpSpec
+    from harness.core import AugmentationSpec, OpSpec
     from harness.cost.overhead import _bare_loop, _Loops
-    from harness.runner import prepare_data
+    from harness.data import prepare_data
     from harness.train import train
 
     spec = AugmentationSpec(
@@ -377,8 +369,8 @@ def test_throughput_windows_hold_every_steps_data_wait_and_no_data_preparation()
 
     from tiny_training import fresh_contrastive
 
-    from harness.cost.throughput import measure_throughput
-    from harness.runner import prepare_data
+    from harness.cost import measure_throughput
+    from harness.data import prepare_data
 
     protocol = load_protocol("smoke")
     prepared = prepare_data(protocol, None)

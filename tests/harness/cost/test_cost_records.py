@@ -9,12 +9,14 @@ import json
 import logging
 from pathlib import Path
 
+import harness.methods  # noqa: F401
 import pytest
 
-import methods  # noqa: F401
-from harness.cli import build_parser, main
-from harness.cost import cost_section, read_cost
-from harness.cost.command import cmd_cost
+from harness.cli import main
+from harness.cli.cost import cmd_cost
+from harness.cli.program import build_parser
+from harness.cost import read_cost
+from harness.report import cost_section
 
 
 def _cost(results: Path, names: str, *extra: str) -> int:
@@ -113,10 +115,10 @@ def test_devices_and_pipeline_records_are_archived_before_replacing(
         return {"kind": f"cost_{kind}", "n": next(made), "rows": [], "pipeline": []}
 
     if kind == "devices":
-        monkeypatch.setattr("harness.cost.measure_devices", fake)
+        monkeypatch.setattr("harness.cli.cost.measure_devices", fake)
         argv = ["--devices", "1", "--methods", "contrastive"]
     else:
-        monkeypatch.setattr("harness.cost.pipeline.measure_pipeline", fake)
+        monkeypatch.setattr("harness.cli.cost.measure_pipeline", fake)
         argv = ["--pipeline", "--workers", "0"]
     for _ in range(2):
         assert main(["cost", *argv, "--protocol", "smoke", "--results-dir", str(tmp_path),
@@ -143,8 +145,8 @@ def test_a_cost_file_locked_by_another_process_is_waited_for_and_never_lost(
     """Merging and writing hold the cost file's lock, so two `cost` processes of one protocol
     take turns. A lock that outlasts the wait (a hung process) leaves the file alone and
     writes the new measurement beside it, saying where."""
-    import harness.cost.report as report
-    from harness.locks import run_lock
+    import harness.cost.records as report
+    from harness.records import run_lock
 
     path = tmp_path / "cost" / "smoke.json"
     assert _cost(tmp_path, "contrastive") == 0

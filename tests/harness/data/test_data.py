@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 
 import harness.data as data
+from harness.core import HarnessError
 from harness.data import glyphs, omniglot
 from harness.data.unicode_blocks import BLOCKS, block_of
-from harness.errors import HarnessError
 
 SMALL = {"num_classes": 24, "images_per_class": 6, "image_size": 24}
 OMNIGLOT_SMALL1 = Path("/work/shared/data/omniglot/images_background_small1.zip")

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.data import DATASETS, LazyImages, cars196, download, reference, verify
-from harness.errors import HarnessError
-from harness.protocol import SplitSpec, load_protocol, parse_protocol
-from harness.splits import split_classes
+from harness.core import HarnessError, SplitSpec, load_protocol, parse_protocol, reference
+from harness.data import DATASETS, LazyImages, cars196, split_classes
+from harness.data import fetch as download
+from harness.data import verification as verify
 
 
 @pytest.fixture(scope="module")

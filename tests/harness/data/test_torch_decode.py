@@ -10,12 +10,10 @@ import torch
 from jpeg_tree import cub_jpegs
 from PIL import Image
 
-from harness import distributed
-from harness.augment import OpSpec, TrainPipeline
-from harness.data.lazy import LazyImages
+from harness.core import SINGLE, HarnessError, OpSpec
+from harness.data import Feeder, LazyImages, TrainPipeline, load_batch
+from harness.data.pipeline import prepare
 from harness.data.torch_decode import Encoded
-from harness.errors import HarnessError
-from harness.pipeline import Feeder, load_batch, prepare
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +86,11 @@ def test_workers_read_the_files_and_the_training_process_decodes_and_augments(jp
     images = LazyImages(jpegs, 0).decoded_by("torch")
     augment = TrainPipeline([OpSpec("random_resized_crop", size=24), OpSpec("horizontal_flip")], 3)
     idx = np.array([4, 0, 7, 2])
-    handed = prepare(images, augment, 5, idx, distributed.SINGLE)
+    handed = prepare(images, augment, 5, idx, SINGLE)
     assert isinstance(handed, Encoded) and len(handed.data) == 4  # bytes, not pixels
     assert all(isinstance(b, bytes) for b in handed.data)  # not tensors: no shared memory
     expected = TrainPipeline(augment.ops, 3)(LazyImages(jpegs, 0)[idx].load(), 5, range(4))
-    assert torch.equal(load_batch(images, augment, 5, idx, distributed.SINGLE), expected)
+    assert torch.equal(load_batch(images, augment, 5, idx, SINGLE), expected)
     feeder = Feeder(images, augment, workers=0)
     [(step, got_idx, batch)] = list(feeder.batches([(5, idx)]))
     assert step == 5 and torch.equal(batch, expected) and feeder.wait > 0

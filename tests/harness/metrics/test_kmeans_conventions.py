@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness.errors import HarnessError
-from harness.metrics import clustering, compute_metrics, compute_report, kmeans, kmeans_faiss, nmi
+from harness.core import HarnessError
+from harness.evaluate import compute_metrics, compute_report
+from harness.evaluate.metrics import clustering
+from harness.evaluate.metrics.clustering import kmeans, kmeans_faiss, nmi
 
 faiss = pytest.importorskip("faiss")
 

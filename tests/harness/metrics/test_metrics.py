@@ -8,19 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from harness import metrics as M
-from harness.errors import HarnessError
-from harness.metrics import (
-    METRIC_NAMES,
-    compute_metrics,
-    compute_report,
-    f1_pairwise,
-    kmeans,
-    nmi,
-)
-from harness.metrics import report as metrics_report
-from harness.metrics.ranks import class_members, relevant_ranks
-from harness.metrics.topk import stable_topk
+from harness.core import METRIC_NAMES, HarnessError
+from harness.evaluate import compute_metrics, compute_report
+from harness.evaluate import metrics as M
+from harness.evaluate.metrics import report as metrics_report
+from harness.evaluate.metrics.clustering import f1_pairwise, kmeans, nmi
+from harness.evaluate.metrics.ranks import class_members, relevant_ranks
+from harness.evaluate.metrics.topk import stable_topk
 
 RETRIEVAL = ["recall@K", "precision@1", "r_precision", "map@r", "map"]
 HAS_FAISS = M.faiss is not None
@@ -267,7 +261,7 @@ def test_auto_on_cuda_takes_faiss_only_where_faiss_reaches_the_gpu(monkeypatch):
     on the GPU (never a copy to faiss on the CPU); CPU embeddings keep torch."""
     from types import SimpleNamespace
 
-    from harness.metrics import topk
+    from harness.evaluate.metrics import topk
 
     def split_on(device: str, n: int = metrics_report.FAISS_AUTO_MIN_GALLERY + 1):
         emb = SimpleNamespace(device=torch.device(device))
@@ -585,13 +579,13 @@ def test_float32_candidates_give_the_exact_top_k(offset, proposer, monkeypatch):
     # SLACK = 0 also sends rows whose tied candidates overflow the float32 top-k to the float64
     # fallback.
     if proposer == "torch":
-        monkeypatch.setattr("harness.metrics.fast_topk.faiss", None)
+        monkeypatch.setattr("harness.evaluate.metrics.fast_topk.faiss", None)
     x, y = _tie_heavy(n=200, d=2)
     x = x + np.float32(offset)
     names = ["recall@K", "precision@1", "r_precision", "map@r"]
     exact = compute_metrics(x, y, metrics=[*names, "map"], recall_ks=(1, 3, 9))
     for slack in (16, 0):
-        monkeypatch.setattr("harness.metrics.fast_topk.SLACK", slack)
+        monkeypatch.setattr("harness.evaluate.metrics.fast_topk.SLACK", slack)
         fast = compute_metrics(x, y, metrics=names, recall_ks=(1, 3, 9), chunk_size=13)
         assert fast == pytest.approx({k: exact[k] for k in fast}, abs=1e-12, rel=0)
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from harness.metrics.pair_auc import euclidean_score, rank_auc, sample_pairs
+from harness.core import euclidean_score, sample_pairs
+from harness.core.pair_auc import rank_auc
 
 
 def test_rank_auc_by_hand():

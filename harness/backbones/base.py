@@ -1,0 +1,143 @@
+"""Backbones by name. Each exposes its stages, so heads may attach at several depths (HDC).
+
+A backbone maps a float image batch to a list of globally pooled features, one per stage,
+shallowest first; `stage_dims` gives their sizes. The runner builds it from the protocol:
+methods never choose or change it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.core import BackboneSpec, HarnessError, Registry
+
+
+class Backbone(nn.Module):
+    """A sequence of stages; forward returns each stage's globally average-pooled output."""
+
+    def __init__(
+        self,
+        stages: list[nn.Module],
+        stage_dims: list[int],
+        in_channels: int,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+    ) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self.stage_dims = list(stage_dims)
+        self.in_channels = in_channels
+        self.channels_last = False  # set by build_backbone from the protocol
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.stage_dims[-1]
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, C, H, W] -> normalised float with the channels this backbone expects."""
+        x = images.to(self.mean.dtype).div_(255.0)  # float32 unless a test runs in float64
+        if x.shape[1] != self.in_channels:
+            x = x.expand(-1, self.in_channels, -1, -1) if x.shape[1] == 1 else x.mean(1, True)
+        x = (x - self.mean) / self.std
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        features = []
+        for stage in self.stages:
+            x = stage(x)
+            features.append(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return features
+
+
+def freeze_batchnorm(module: nn.Module) -> None:
+    """Keep BatchNorm statistics and affine parameters fixed (the fair protocols' choice)."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.eval()
+            m.train = lambda mode=True, m=m: m  # type: ignore[method-assign]
+            for p in m.parameters():
+                p.requires_grad_(False)
+
+
+BackboneBuilder = Callable[..., Backbone]
+BACKBONES: Registry[BackboneBuilder] = Registry("backbone")
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+def load_weights_file(net: nn.Module, name: str, path: Path) -> None:
+    """Load a torchvision state_dict for `name` from `path` (strictly: every tensor must fit).
+
+    GoogLeNet's auxiliary classifiers (aux1, aux2: in torchvision's ImageNet file, not in our
+    model) are dropped; a {"state_dict": ...} wrapper is unwrapped."""
+    import torch
+
+    if not path.is_file():
+        raise HarnessError(f"weights file {path} does not exist (from --weights or weights_file)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle, zip and EOF errors from a damaged or foreign file
+        raise HarnessError(
+            f"cannot read weights file {path} ({type(exc).__name__}: {exc}); it must be a "
+            f"state_dict saved with torch.save, e.g. torchvision's {name} ImageNet file"
+        ) from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise HarnessError(f"weights file {path} does not hold a state_dict")
+    state = {k: v for k, v in state.items() if not k.startswith(("aux1.", "aux2."))}
+    try:
+        result = net.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # tensors of the wrong shape
+        first = str(exc).split("\n\t")[1:2]
+        raise HarnessError(
+            f"weights file {path} does not hold {name} weights ({', '.join(first)} ...)"
+        ) from None
+    if result.missing_keys or result.unexpected_keys:
+        raise HarnessError(
+            f"weights file {path} does not hold {name} weights: {len(result.missing_keys)} "
+            f"tensors missing (e.g. {result.missing_keys[:2]}), {len(result.unexpected_keys)} "
+            f"unexpected (e.g. {result.unexpected_keys[:2]})"
+        )
+
+
+def weights_record(path: str) -> dict[str, str]:
+    """What a result records of a weights file: its path and sha256."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError as exc:
+        raise HarnessError(f"cannot read weights file {path} ({exc})") from None
+    return {"file": str(path), "sha256": digest.hexdigest()}
+
+
+def build_backbone(spec: BackboneSpec, in_channels: int) -> Backbone:
+    """The protocol's backbone, with BatchNorm frozen when the protocol says so."""
+    builder = BACKBONES.get(spec.name)
+    extra = {}
+    if spec.weights_file:
+        if "weights_file" not in inspect.signature(builder).parameters:
+            raise HarnessError(f"backbone {spec.name} cannot load a weights file")
+        extra["weights_file"] = spec.weights_file
+    try:
+        backbone = builder(
+            pretrained=spec.pretrained, in_channels=in_channels, **spec.params, **extra
+        )
+    except TypeError as exc:
+        raise HarnessError(f"backbone {spec.name}: bad backbone.params ({exc})") from None
+    if spec.frozen_batchnorm:
+        freeze_batchnorm(backbone)
+    if spec.channels_last:
+        backbone.channels_last = True
+        backbone.to(memory_format=torch.channels_last)
+    return backbone

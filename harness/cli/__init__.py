@@ -1,0 +1,10 @@
+"""The command line, the top of the house: argument parsing and printing, nothing else.
+
+`main` builds the parser and dispatches; each command's options and body live in its own
+module (`run`, `info`: ls, evaluate, leaderboard, validate and data, `check`, `cost`,
+`tune`, `compare`). User errors print one line `error: ...` and exit with status 2.
+"""
+
+from harness.cli.program import main
+
+__all__ = ["main"]

@@ -1,0 +1,46 @@
+"""argparse value types shared by the CLI's subcommands (cli.py and cost.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.core import seed_problem
+
+
+def int_list(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2]."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def seed_list(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2], checked before any run: a bad seed would stop a sweep half-way."""
+    seeds = int_list(text)
+    problem = seed_problem(seeds)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem} (in {text!r})")
+    return seeds
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value

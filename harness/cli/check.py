@@ -1,0 +1,54 @@
+"""`check`: CI's regression check, every method's metrics on the small `regression` protocol
+against the committed baselines (harness.report.regression)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from harness.cli.argtypes import positive_int
+from harness.core import HarnessError, load_methods
+from harness.report import BASELINE_DIR, BASELINE_SEEDS, check
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    ck = sub.add_parser("check", help="CI regression check of every method's metrics")
+    ck.add_argument("--protocol", default="regression")
+    ck.add_argument("--methods", help="NAME[,NAME...] (default: every registered method)")
+    ck.add_argument(
+        "--baselines", type=Path, help="folder of baseline files (default: results/baselines)"
+    )
+    ck.add_argument("--update", action="store_true", help="rewrite the baselines from this run")
+    ck.add_argument("--reason", help="why the baselines change (required with --update)")
+    ck.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ck.add_argument(
+        "--mode", default="auto", choices=["auto", "exact", "statistical"],
+        help="auto: exact on the baseline's machine fingerprint, statistical elsewhere",
+    )  # fmt: skip
+    ck.add_argument(
+        "--baseline-seeds", type=positive_int, default=None,
+        help="with --update: how many seeds (0..N-1) the baseline records (default 20)",
+    )  # fmt: skip
+    ck.set_defaults(handler=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    load_methods()
+
+    if args.update and not args.reason:
+        raise HarnessError("--update needs --reason TEXT saying why the baselines change")
+    if args.reason and not args.update:
+        raise HarnessError("--reason goes with --update")
+    if args.baseline_seeds is not None and not args.update:
+        raise HarnessError("--baseline-seeds goes with --update")
+    names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    start = time.perf_counter()
+    passed, report = check(
+        args.protocol, names, args.baselines or BASELINE_DIR,
+        args.reason if args.update else None, args.device, mode=args.mode,
+        baseline_seeds=args.baseline_seeds or BASELINE_SEEDS,
+    )  # fmt: skip
+    print(report)
+    print(f"({time.perf_counter() - start:.0f} s)")
+    return 0 if passed else 1

@@ -1,0 +1,78 @@
+"""`compare A B`: is method A better than method B under a protocol? The difference of
+their per-seed means with its 95% interval and p-value."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from harness.core import (
+    SINGLE_METRICS,
+    UNBOUNDED_METRICS,
+    HarnessError,
+    closest,
+    compare,
+    is_single_metric,
+    load_protocol,
+    t_interval,
+)
+from harness.records import load_results
+from harness.report import describe, per_seed
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    cmp = sub.add_parser("compare", help="is method A better than method B? (difference, CI, p)")
+    cmp.add_argument("a", metavar="A", help="method (NAME+tuned for its tuned configuration)")
+    cmp.add_argument("b", metavar="B")
+    cmp.add_argument("--protocol", default="default", help="protocol name or YAML path")
+    cmp.add_argument("--metric", help="default: the protocol's main metric (evaluation.select_by)")
+    cmp.add_argument("--results-dir", default="results")
+    cmp.add_argument("--max-steps", type=int, help="compare runs capped at this --max-steps "
+                     "(default: full runs only)")  # fmt: skip
+    cmp.set_defaults(handler=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+
+    protocol = load_protocol(args.protocol)
+    metric = args.metric or protocol.evaluation.select_by
+    if not is_single_metric(metric):
+        raise HarnessError(f"unknown metric {metric!r}{closest(metric, SINGLE_METRICS)}; known: "
+                           f"recall@<k> (e.g. recall@1), {', '.join(SINGLE_METRICS)}")  # fmt: skip
+    everything = [
+        r for r in load_results(Path(args.results_dir)) if r.protocol.hash == protocol.hash
+    ]
+    runs = [r for r in everything if r.training.max_steps == args.max_steps]
+    capped = sorted({r.training.max_steps for r in everything} - {None, args.max_steps})
+    values = per_seed(runs, metric)
+    for name in (args.a, args.b):
+        split = sorted(n for n in values if n.startswith(f"{name}@"))
+        if name not in values and split:
+            raise HarnessError(
+                f"the {protocol.name} runs of {name!r} differ in method version or "
+                f"hyperparameters and are never averaged: compare one of {', '.join(split)}"
+            )
+        if name not in values:
+            raise HarnessError(
+                f"no finished {protocol.name} run of {name!r} reports {metric} under "
+                f"{args.results_dir} (protocol hash {protocol.hash}){closest(name, values)}; "
+                f"run `harness run --protocol {protocol.name} --method {name.split('+')[0].split('@')[0]}` first"
+                + (
+                    f" (runs capped by --max-steps {', '.join(map(str, capped))} exist: pass "
+                    "compare the same --max-steps)"
+                    if capped
+                    else ""
+                )
+            )
+    a, b = values[args.a], values[args.b]
+    scale = 1.0 if metric in UNBOUNDED_METRICS else 100.0  # a ratio is shown as is
+    cap = "" if args.max_steps is None else f", runs capped at {args.max_steps} steps"
+    print(f"{metric} on {protocol.name} (protocol v{protocol.version}, hash {protocol.hash}{cap})")
+    for name, v in ((args.a, a), (args.b, b)):
+        mean, half = t_interval(list(v.values()))
+        spread = "" if math.isnan(half) else f" ± {half * scale:.2f}"
+        print(f"  {name}: {mean * scale:.2f}{spread} ({len(v)} seed{'s' * (len(v) != 1)}: "
+              f"{', '.join(map(str, sorted(v)))})")  # fmt: skip
+    print(f"  {args.a} − {args.b}: {describe(compare(a, b), scale)}")
+    return 0

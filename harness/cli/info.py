@@ -1,0 +1,185 @@
+"""The small commands: `ls` (methods, protocols, datasets), `evaluate` (score embeddings you
+bring), `leaderboard` (regenerate it from results), `validate` (check protocol files as
+`run` does) and `data` (verify or fetch the papers' datasets)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from harness.cli.argtypes import int_list
+from harness.cli.parsing import SubcommandParser
+from harness.core import (
+    METHODS,
+    PROTOCOL_DIR,
+    HarnessError,
+    load_methods,
+    load_protocol,
+    protocol_names,
+)
+from harness.data import DATASETS, download, verify
+from harness.evaluate import compute_metrics
+from harness.report import write_leaderboard
+from harness.sweep import check_protocol
+
+log = logging.getLogger("harness")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    ls = sub.add_parser("ls", help="list methods, protocols and datasets")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(handler=cmd_ls)
+
+    ev = sub.add_parser("evaluate", help="score embeddings you bring with the harness's metrics")
+    ev.add_argument("--embeddings", required=True, type=Path, help="[N, D] .npy")
+    ev.add_argument("--labels", required=True, type=Path, help="[N] .npy")
+    ev.add_argument("--query-embeddings", type=Path, help="[Q, D] .npy (else all-vs-all)")
+    ev.add_argument("--query-labels", type=Path, help="[Q] .npy")
+    ev.add_argument("--recall-ks", type=int_list, default=[1, 2, 4, 8])
+    ev.add_argument(
+        "--clustering", default="harness", choices=["harness", "faiss"],
+        help="k-means convention for nmi and f1: harness (k-means++ start, up to 100 iterations;"
+        " default) or faiss (the published tables' faiss k-means, 20 iterations; needs faiss)",
+    )  # fmt: skip
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(handler=cmd_evaluate)
+
+    lb = sub.add_parser("leaderboard", help="regenerate results/LEADERBOARD.md")
+    lb.add_argument("--results-dir", default="results")
+    lb.set_defaults(handler=cmd_leaderboard)
+
+    val = sub.add_parser("validate", help="check protocol files as `run` does before training "
+                         "(names, types, datasets, backbones, methods and hyperparameters)")  # fmt: skip
+    val.add_argument("paths", nargs="*", help="default: every shipped protocol")
+    val.set_defaults(handler=cmd_validate)
+    _add_data_parser(sub)
+
+
+def _add_data_parser(sub: argparse._SubParsersAction) -> None:
+    """`data verify` and `data download` for the papers' datasets."""
+    names = ["cub200", "cars196", "sop", "inshop", "vehicleid"]
+    data = sub.add_parser("data", help="check (or fetch) the papers' datasets on disk")
+    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=SubcommandParser)
+    verify = dsub.add_parser("verify", help="check a dataset against the published counts")
+    verify.add_argument("--dataset", required=True, choices=names)
+    verify.add_argument("--data-root", required=True, type=Path)
+    verify.add_argument("--quick", action="store_true", help="check files exist, do not decode")
+    download = dsub.add_parser("download", help="fetch a dataset that has a public URL")
+    download.add_argument("--dataset", required=True, choices=names)
+    download.add_argument("--data-root", required=True, type=Path)
+    data.set_defaults(handler=cmd_data)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    if args.data_command == "download":
+        print(f"saved {download(args.dataset, args.data_root)}")
+        args.quick = True  # then check what was extracted
+
+    if not args.data_root.is_dir():  # a typo, not a dataset that fails its counts (exit 1)
+        raise HarnessError(f"--data-root {args.data_root} is not a directory; pass the folder "
+                           f"that holds {args.dataset}")  # fmt: skip
+    ok, report = verify(args.dataset, args.data_root, decode=not args.quick)
+    print(report)
+    return 0 if ok else 1
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    load_methods()
+
+    listing = {
+        "methods": [
+            {"name": n, "version": METHODS.get(n).version, "paper": METHODS.get(n).paper,
+             "family": METHODS.get(n).family, "needs_coarse_labels": METHODS.get(n).needs_coarse_labels,
+             "hyperparameters": METHODS.get(n).defaults(), "summary": METHODS.get(n).summary}
+            for n in METHODS.names()
+        ],
+        "protocols": [],
+        "datasets": DATASETS.names(),
+        "method_prefixes": METHODS.prefixes(),
+    }  # fmt: skip
+
+    log.debug("shipped protocols from %s", PROTOCOL_DIR)
+    for name in protocol_names():
+        p = load_protocol(name)
+        listing["protocols"].append(
+            {"name": name, "version": p.version, "hash": p.hash, "dataset": p.dataset.name,
+             "description": p.description}
+        )  # fmt: skip
+    if args.json:
+        print(json.dumps(listing, indent=2))
+        return 0
+    width = max(len(item["name"]) for kind in ("methods", "protocols") for item in listing[kind])
+    for kind in ("methods", "protocols"):
+        print(f"{kind}:")
+        for item in listing[kind]:
+            extra = item.get("summary") or item.get("description") or ""
+            print(f"  {item['name']:<{width}}  {extra}")
+    print("datasets:\n  " + "\n  ".join(listing["datasets"]))
+    for prefix, names in listing["method_prefixes"].items():
+        print(f"{prefix}: methods (--method {prefix}:<Class>[+<Class>]):\n  " + " ".join(names))
+    return 0
+
+
+def _load_npy(path: Path, what: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise HarnessError(f"{what} file {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{what} file {path} is not a readable .npy array ({exc})") from None
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+
+    if (args.query_embeddings is None) != (args.query_labels is None):
+        raise HarnessError("give both --query-embeddings and --query-labels, or neither")
+    gallery = _load_npy(args.embeddings, "--embeddings")
+    gallery_labels = _load_npy(args.labels, "--labels")
+    options = {"recall_ks": tuple(args.recall_ks), "kmeans_convention": args.clustering}
+    if args.query_embeddings is None:
+        metrics = compute_metrics(gallery, gallery_labels, **options)
+    else:
+        metrics = compute_metrics(
+            _load_npy(args.query_embeddings, "--query-embeddings"),
+            _load_npy(args.query_labels, "--query-labels"),
+            gallery,
+            gallery_labels,
+            **options,
+        )
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        for name, value in metrics.items():
+            print(f"{name:<14} {value:.4f}")
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    load_methods()  # the figures group methods by the family their registry entry declares
+
+    print(write_leaderboard(Path(args.results_dir)))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Each protocol parsed and given the checks `run` makes before its first run that need no
+    data (harness.sweep.preflight: dataset, backbone, methods and their hyperparameters)."""
+    load_methods()
+
+    paths = args.paths or [str(p) for p in sorted(PROTOCOL_DIR.glob("*.yaml"))]
+    bad = 0
+    for path in paths:
+        try:
+            p = load_protocol(path)
+            check_protocol(p)
+        except HarnessError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            bad += 1
+            continue
+        print(f"ok  {path}  ({p.name} v{p.version}, hash {p.hash})")
+    return 2 if bad else 0

@@ -1,0 +1,182 @@
+"""`run`: train and evaluate methods under a protocol, one result file per (method, seed), then
+the leaderboard; under torchrun, one run on several processes."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from harness.cli.argtypes import nonnegative_int, positive_int, seed_list
+from harness.core import (
+    METHODS,
+    SINGLE,
+    HarnessError,
+    init_from_env,
+    launched,
+    load_methods,
+    load_protocol,
+    resolve_device,
+)
+from harness.records import result_paths
+from harness.report import write_leaderboard
+from harness.sweep import plan, sweep, sweep_ray
+from harness.train import check_compile
+
+log = logging.getLogger("harness")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The `run` subcommand's options."""
+    run = sub.add_parser("run", help="train and evaluate methods under a protocol")
+    which = run.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every registered method")
+    which.add_argument("--method", help="NAME[,NAME...]")
+    run.add_argument("--protocol", default="default", help="protocol name or YAML path")
+    run.add_argument("--seeds", type=seed_list, help="override the protocol's seeds, e.g. 0,1,2")
+    run.add_argument("--data-root", help="folder holding the dataset's files")
+    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--max-steps", type=positive_int, help="cap training steps (smoke runs)")
+    run.add_argument("--results-dir", default="results", help="default: results")
+    run.add_argument("--force", action="store_true", help="rerun even if a result exists")
+    run.add_argument("--tuned", action="store_true", help="use the configuration `tune` found "
+                     "(results-dir/tuning/<protocol>/<method>.yaml) instead of the paper's")  # fmt: skip
+    run.add_argument(
+        "--weights", help="local pretrained weights file (a state_dict saved with torch.save, "
+        "or .safetensors) for a pretrained backbone, for machines that cannot download them",
+    )  # fmt: skip
+    run.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
+                     help="override the protocol's precision (part of the protocol's hash, so "
+                     "the results record it)")  # fmt: skip
+    run.add_argument("--workers", type=nonnegative_int, metavar="N",
+                     help="processes that load and augment batches beside training (default: "
+                     "0 for images in memory without augmentation, else the cores, at most 8); "
+                     "results do not depend on it")  # fmt: skip
+    run.add_argument("--decoder", choices=["pil", "torch"], default="pil",
+                     help="who decodes image files: PIL in the workers (default) or torchvision "
+                     "on the run's device (nvJPEG on CUDA; the workers only read the files); "
+                     "recorded in each result")  # fmt: skip
+    run.add_argument("--compile", action="store_true",
+                     help="train the backbone through torch.compile (inductor: a C++ compiler on "
+                     "the CPU, Triton on CUDA); not part of the hash: rounding differs from eager "
+                     "by float-rounding amounts; recorded in each result")  # fmt: skip
+    run.add_argument("--engine", default="local", choices=["local", "ray"],
+                     help="local: one run after another in this process (default); ray: each "
+                     "run a Ray task (needs the ray extra)")  # fmt: skip
+    run.add_argument("--address", help="with --engine ray: auto, HOST:PORT or ray://... of an "
+                     "existing cluster (default: start a local Ray on this machine)")  # fmt: skip
+    run.add_argument("--cpus-per-run", type=positive_int,
+                     help="with --engine ray: CPUs per task, also its torch threads (default 1)")  # fmt: skip
+    run.add_argument("--gpus-per-run", type=float,
+                     help="with --engine ray: GPUs per task (default 0)")  # fmt: skip
+    run.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    load_methods()
+
+    ray_only = [flag for flag, value in (("--address", args.address), ("--cpus-per-run",
+                args.cpus_per_run), ("--gpus-per-run", args.gpus_per_run)) if value is not None]  # fmt: skip
+    if ray_only and args.engine != "ray":  # else the runs would quietly stay on this machine
+        raise HarnessError(f"{', '.join(ray_only)} only apply to --engine ray: add --engine ray "
+                           "or drop them")  # fmt: skip
+    protocol = load_protocol(args.protocol)
+    if args.precision and args.precision != protocol.precision:
+        protocol = dataclasses.replace(protocol, precision=args.precision)
+        log.info("precision %s instead of the protocol's: hash %s", args.precision, protocol.hash)
+    names = (
+        METHODS.names() if args.all else [m.strip() for m in args.method.split(",") if m.strip()]
+    )
+    if not names:
+        raise HarnessError(f"--method {args.method!r} names no method: give NAME[,NAME...] "
+                           "(`python -m harness ls` lists them) or --all")  # fmt: skip
+    specs = plan(
+        protocol,
+        names,
+        args.seeds,
+        data_root=args.data_root,
+        device=args.device,
+        max_steps=args.max_steps,
+        results_dir=args.results_dir,
+        force=args.force,
+        weights=args.weights,
+        workers=args.workers,
+        decoder=args.decoder,
+        compile=args.compile,
+        tuned=args.tuned,
+    )
+    here = _join_torchrun(args)
+    log.info(
+        "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)
+    )
+    if args.engine == "ray" and here.active:
+        raise HarnessError("--engine ray runs whole runs as tasks; do not launch it with torchrun")
+    if args.compile and args.address is None:  # runs train on this machine: check it up front
+        check_compile(resolve_device(args.device))
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        if args.engine == "ray":
+            counts = sweep_ray(specs, args.address, args.cpus_per_run or 1,
+                               args.gpus_per_run or 0.0, progress=not args.quiet)  # fmt: skip
+        else:
+            counts = sweep(specs, progress=not args.quiet)
+    except KeyboardInterrupt as exc:
+        print(
+            "\ninterrupted: finished runs and the last epoch checkpoint are saved; run the "
+            "same command again to resume",
+            file=sys.stderr,
+        )
+        return 143 if isinstance(exc, Terminated) else 130  # 128 + SIGTERM, 128 + SIGINT
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if here.active:
+        import torch.distributed
+
+        torch.distributed.destroy_process_group()
+        if not here.is_main:  # rank 0 reports and writes the leaderboard
+            return _sweep_status(counts)
+    # every run may have crashed before writing a first result: then there is no leaderboard
+    path = write_leaderboard(Path(args.results_dir)) if result_paths(args.results_dir) else None
+    print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: "
+          f"{path or 'none (no results yet)'}")  # fmt: skip
+    return _sweep_status(counts)
+
+
+def _sweep_status(counts: dict[str, int]) -> int:
+    """1 when a run failed (NaN, empty miner) or crashed (a Ray task that raised), else 0."""
+    return 1 if counts.get("failed", 0) + counts.get("error", 0) > 0 else 0
+
+
+def _join_torchrun(args: argparse.Namespace):  # -> harness.core.Dist
+    """Under torchrun: join the process group (NCCL on CUDA, one GPU per local rank; gloo on
+    the CPU); ranks other than 0 log warnings only. Elsewhere: one process."""
+
+    if not launched():
+        return SINGLE
+    import torch
+
+    device = resolve_device(args.device)
+    if device.type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        args.device = f"cuda:{local}"
+    here = init_from_env(device)
+    if not here.is_main:
+        logging.getLogger("harness").setLevel(logging.WARNING)
+        args.quiet = True
+    log.info("torchrun: %d processes (%s); each embeds 1/%d of every batch",
+             here.world_size, here.backend, here.world_size)  # fmt: skip
+    return here
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is; the exit status says which it was (143, not 130)."""
+
+
+def terminate(signum: int, frame: object) -> None:
+    """SIGTERM stops a sweep like Ctrl-C: cleanly, resumable."""
+    raise Terminated

@@ -1,0 +1,64 @@
+"""`tune`: equal-budget Optuna studies on validation classes, one per method."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from harness.cli.argtypes import positive_int
+from harness.cli.run import terminate
+from harness.core import load_methods
+from harness.tune import tune
+
+
+def add_parser(sub: Any) -> None:
+
+    tn = sub.add_parser("tune", help="equal-budget Optuna tuning on validation classes")
+    tn.add_argument("--protocol", required=True, help="protocol name or YAML path (needs "
+                    "split.validation_fraction > 0)")  # fmt: skip
+    tn.add_argument("--method", required=True, help="NAME[,NAME...]")
+    tn.add_argument("--trials", type=positive_int, required=True, help="trials per method")
+    tn.add_argument("--folds", type=positive_int, default=1,
+                    help="class-disjoint folds of the training classes (default 1)")  # fmt: skip
+    tn.add_argument("--storage", help="Optuna storage URL (default: an SQLite file under "
+                    "<results-dir>/tuning/<protocol>/); share one to run several workers")  # fmt: skip
+    tn.add_argument("--results-dir", default="results")
+    tn.add_argument("--data-root", help="folder holding the dataset's files")
+    tn.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    tn.add_argument("--max-steps", type=positive_int, help="cap each trial's steps (smoke)")
+    tn.add_argument("--engine", default="local", choices=["local", "ray"],
+                    help="local: trials one after another here; ray: trials as Ray tasks")  # fmt: skip
+    tn.add_argument("--address", help="with --engine ray: an existing cluster (default: local)")
+    tn.add_argument("--cpus-per-trial", type=positive_int, default=1,
+                    help="with --engine ray: CPUs (and torch threads) per trial")  # fmt: skip
+    tn.add_argument("--gpus-per-trial", type=float, default=0.0,
+                    help="with --engine ray: GPUs per trial")  # fmt: skip
+    tn.set_defaults(handler=cmd_tune)
+
+
+def cmd_tune(args: Any) -> int:
+    import signal
+    import sys
+
+    load_methods()
+
+    names = [m.strip() for m in args.method.split(",") if m.strip()]
+    previous = signal.signal(signal.SIGTERM, terminate)  # SIGTERM stops like Ctrl-C
+    try:
+        written = tune(args.protocol, names, args.trials, folds=args.folds, storage=args.storage,
+                       results_dir=args.results_dir, data_root=args.data_root,
+                       device=args.device, max_steps=args.max_steps, progress=not args.quiet,
+                       engine=args.engine, address=args.address,
+                       cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial)  # fmt: skip
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished trials are kept in the study (the interrupted one is "
+              "recorded as failed); run the same command again to resume", file=sys.stderr)  # fmt: skip
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    for name, path in written.items():
+        study = yaml.safe_load(path.read_text(encoding="utf-8"))["study"]
+        print(f"{name}: best {study['best_value']:.4f} (trial {study['best_trial']}; paper "
+              f"default {study['paper_default_value']}) of {study['trials']} trials -> {path}")  # fmt: skip
+    return 0

@@ -1,0 +1,167 @@
+"""The bottom of the house: what every stage shares and nothing below it could own.
+
+The protocol (strict, versioned, hashed YAML), the registries with their did-you-mean
+errors, the user-facing errors, the method contract and the tuple types a miner returns, the
+search-space types, the run context, and small shared mechanics (devices, the phase timer,
+precision, statistics, where files are). Nothing here imports another harness package.
+"""
+
+from harness.core.augmentation import AugmentationSpec, OpSpec
+from harness.core.context import RunContext
+from harness.core.devices import resolve_device
+from harness.core.dist import (
+    COLLECTIVE_TIMEOUT,
+    SINGLE,
+    Dist,
+    current,
+    init_from_env,
+    launched,
+)
+from harness.core.errors import HarnessError, TrainingFailed, program_name
+from harness.core.method import (
+    FAMILIES,
+    METHODS,
+    EmbeddingHead,
+    Method,
+    MethodContext,
+    MethodSpec,
+    family_of,
+    load_methods,
+    protocol_hyperparameters,
+    register_method,
+)
+from harness.core.metric_names import (
+    CLUSTERING_METRICS,
+    FAISS_AUTO_MIN_GALLERY,
+    KMEANS_BACKENDS,
+    KMEANS_CONVENTIONS,
+    KNN_BACKENDS,
+    METRIC_NAMES,
+    RECALL_PATTERN,
+    RETRIEVAL_METRICS,
+    SINGLE_METRICS,
+    UNBOUNDED_METRICS,
+    is_single_metric,
+)
+from harness.core.pair_auc import euclidean_score, sample_pairs
+from harness.core.paths import PROTOCOL_DIR, REFERENCE_FILE, default_cache_dir, source_tree
+from harness.core.precision import PRECISIONS, autocast, grad_scaler, to_float32
+from harness.core.protocol import (
+    BackboneSpec,
+    Protocol,
+    SplitSpec,
+    load_protocol,
+    parse_protocol,
+    protocol_names,
+)
+from harness.core.reference import check_entry, dataset_counts, paper_results
+from harness.core.registry import Registry, closest, keyword_names, registered
+from harness.core.search import LR_MULTIPLIER, Choice, Float, Int, SearchSpace
+from harness.core.seeds import SEED_LIMIT, seed_problem
+from harness.core.stats import (
+    BOOTSTRAP_RESAMPLES,
+    CONFIDENCE,
+    Comparison,
+    benjamini_hochberg,
+    bootstrap_intervals,
+    compare,
+    t_interval,
+)
+from harness.core.timing import PhaseTimer
+from harness.core.tuples import (
+    Batch,
+    Diagnostics,
+    Embedded,
+    Mined,
+    Miner,
+    Pairs,
+    Quadruplets,
+    Scorer,
+    Triplets,
+    all_pairs,
+)
+
+__all__ = [
+    "AugmentationSpec",
+    "BOOTSTRAP_RESAMPLES",
+    "BackboneSpec",
+    "Batch",
+    "CLUSTERING_METRICS",
+    "COLLECTIVE_TIMEOUT",
+    "CONFIDENCE",
+    "Choice",
+    "Comparison",
+    "Diagnostics",
+    "Dist",
+    "Embedded",
+    "EmbeddingHead",
+    "FAISS_AUTO_MIN_GALLERY",
+    "FAMILIES",
+    "Float",
+    "HarnessError",
+    "Int",
+    "KMEANS_BACKENDS",
+    "KMEANS_CONVENTIONS",
+    "KNN_BACKENDS",
+    "LR_MULTIPLIER",
+    "METHODS",
+    "METRIC_NAMES",
+    "Method",
+    "MethodContext",
+    "MethodSpec",
+    "Mined",
+    "Miner",
+    "OpSpec",
+    "PRECISIONS",
+    "PROTOCOL_DIR",
+    "Pairs",
+    "PhaseTimer",
+    "Protocol",
+    "Quadruplets",
+    "RECALL_PATTERN",
+    "REFERENCE_FILE",
+    "RETRIEVAL_METRICS",
+    "Registry",
+    "RunContext",
+    "SEED_LIMIT",
+    "SINGLE",
+    "SINGLE_METRICS",
+    "Scorer",
+    "SearchSpace",
+    "SplitSpec",
+    "TrainingFailed",
+    "Triplets",
+    "UNBOUNDED_METRICS",
+    "all_pairs",
+    "autocast",
+    "benjamini_hochberg",
+    "bootstrap_intervals",
+    "check_entry",
+    "closest",
+    "compare",
+    "current",
+    "dataset_counts",
+    "default_cache_dir",
+    "euclidean_score",
+    "family_of",
+    "grad_scaler",
+    "init_from_env",
+    "is_single_metric",
+    "keyword_names",
+    "launched",
+    "load_methods",
+    "load_protocol",
+    "paper_results",
+    "parse_protocol",
+    "protocol_hyperparameters",
+    "program_name",
+    "protocol_names",
+    "registered",
+    "register_method",
+    "resolve_device",
+    "sample_pairs",
+    "seed_problem",
+    "source_tree",
+    "t_interval",
+    "to_float32",
+]

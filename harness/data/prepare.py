@@ -1,0 +1,99 @@
+"""A protocol's data, ready for runs: its dataset built (or read from the cache), its images
+at the protocol's load size, and its class-disjoint split, made once per process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from harness.core import (
+    HarnessError,
+    Protocol,
+    closest,
+    default_cache_dir,
+    keyword_names,
+    registered,
+)
+from harness.data.base import DATASETS, LabelledImages
+from harness.data.splits import Split, split_classes
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    data: LabelledImages
+    split: Split
+
+
+_DATA_CACHE: dict[str, PreparedData] = {}
+
+
+def prepare_data(protocol: Protocol, data_root: str | None) -> PreparedData:
+    """The protocol's dataset at its load size (the backbone's input size unless the
+    augmentation says otherwise), and its class-disjoint split."""
+    key = json.dumps([protocol.dataset.name, protocol.dataset.params, data_root,
+                      protocol.load_size, dataclasses.asdict(protocol.split)],
+                     sort_keys=True)  # fmt: skip
+    if key in _DATA_CACHE:
+        return _DATA_CACHE[key]
+    builder = check_dataset(protocol)
+    root = Path(data_root).expanduser() if data_root else None
+    if root is not None and not root.is_dir():
+        raise HarnessError(f"--data-root {root} is not a directory")
+    data = builder(root, default_cache_dir(), **protocol.dataset.params)
+    data = resize(data, protocol.load_size)
+    prepared = PreparedData(data, split_classes(data, protocol.split))
+    _DATA_CACHE[key] = prepared
+    return prepared
+
+
+def resize(data: LabelledImages, size: int) -> LabelledImages:
+    """Resize all images once, up front, so the training step never resizes (images read
+    from disk are decoded at `size` batch by batch instead; size 0 keeps them as they are)."""
+    if hasattr(data.images, "resized"):  # a LazyImages
+        return dataclasses.replace(data, images=data.images.resized(size))
+    if not size or data.images.shape[-2:] == (size, size):  # 0: as they are (load: original)
+        return data
+    out = torch.empty((len(data), data.images.shape[1], size, size), dtype=torch.uint8)
+    for s in range(0, len(data), 1024):
+        chunk = data.images[s : s + 1024].float()
+        chunk = F.interpolate(chunk, size=(size, size), mode="bilinear", antialias=True)
+        out[s : s + 1024] = chunk.round().clamp(0, 255).to(torch.uint8)
+    return dataclasses.replace(data, images=out)
+
+
+def decoded_by(
+    data: LabelledImages, decoder: str, device: torch.device, protocol: Protocol
+) -> LabelledImages:
+    """The data with its image files decoded by `decoder` ("pil" or "torch" on `device`)."""
+    if decoder == "pil":
+        return data
+    if not hasattr(data.images, "decoded_by"):
+        raise HarnessError(f"--decoder {decoder} decodes image files, but {protocol.dataset.name} "
+                           "is held in memory: drop --decoder")  # fmt: skip
+    return dataclasses.replace(data, images=data.images.decoded_by(decoder, device))
+
+
+def contiguous(labels: np.ndarray) -> np.ndarray:
+    """Map the labels present to 0..C-1 (classifier heads need contiguous training ids)."""
+    return np.unique(labels, return_inverse=True)[1].astype(np.int64)
+
+
+def check_dataset(protocol: Protocol) -> Callable[..., Any]:
+    """The protocol's dataset builder, once its name and dataset.params are known to it."""
+    builder = registered(DATASETS.get, protocol.dataset.name, f"{protocol.path}: dataset.name")
+    allowed = keyword_names(builder, ("data_root", "cache_dir")) or []
+    for param in protocol.dataset.params:
+        if param not in allowed:
+            raise HarnessError(
+                f"{protocol.path}: dataset.params: {protocol.dataset.name} has no parameter "
+                f"{param!r}{closest(param, allowed)}; it takes: {', '.join(allowed)}"
+            )
+    return builder

@@ -1,0 +1,32 @@
+"""Evaluation: embed a split with the trained model, then score it with the harness's metric
+definitions (`metrics`, one chunked pass over the distances), ranked by Euclidean distance
+or by the method's learned scorer."""
+
+from harness.evaluate.embedding import embed, embed_parts
+from harness.evaluate.metrics import MetricReport, compute_metrics, compute_report, lda_score
+from harness.evaluate.score import (
+    HISTOGRAM_BINS,
+    Evaluation,
+    distance_histogram,
+    evaluate,
+    selection_score,
+)
+from harness.evaluate.scoring import CountedScorer, ranking_scorer, rerank, retrieval_record
+
+__all__ = [
+    "HISTOGRAM_BINS",
+    "CountedScorer",
+    "Evaluation",
+    "MetricReport",
+    "compute_metrics",
+    "compute_report",
+    "distance_histogram",
+    "embed",
+    "embed_parts",
+    "evaluate",
+    "lda_score",
+    "ranking_scorer",
+    "rerank",
+    "retrieval_record",
+    "selection_score",
+]

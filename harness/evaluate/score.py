@@ -1,0 +1,172 @@
+"""Embed a split with the trained model and score it with the harness's metric definitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from harness.backbones import Backbone
+from harness.core import (
+    BOOTSTRAP_RESAMPLES,
+    CONFIDENCE,
+    Method,
+    PhaseTimer,
+    Protocol,
+    bootstrap_intervals,
+)
+from harness.data import for_test
+from harness.evaluate.embedding import embed, embed_parts
+from harness.evaluate.metrics.report import compute_metrics, compute_report
+from harness.evaluate.scoring import ranking_scorer
+
+
+def evaluate(
+    backbone: Backbone,
+    method: Method,
+    images: torch.Tensor,
+    labels: np.ndarray,
+    protocol: Protocol,
+    device: torch.device,
+    seed: int,
+    gallery: tuple[torch.Tensor, np.ndarray] | None = None,
+) -> Evaluation:
+    """Score the model on one split: all-vs-all over (images, labels), or, with ``gallery``
+    (images, labels), each query ranking the whole gallery (In-shop's protocol).
+
+    Returns the metrics and timings; all-vs-all also gives the metrics of each sub-embedding
+    (e.g. HDC's single heads, ranked by Euclidean distance under the same definitions; the
+    method's scorer, if any, applies to the full embedding only) and the histogram of the pair
+    distances. Clustering metrics cluster queries and gallery together, with the protocol's
+    k-means convention (`evaluation.clustering`; see harness.evaluate.metrics). Images go through
+    the protocol's test augmentation (resize, center crop) when it has one."""
+    clock = PhaseTimer(device)  # its now() waits for the device's queued work
+    start = clock.now()
+    batch, precision = protocol.evaluation.batch_size, protocol.precision
+    images = for_test(images, protocol.augmentation, protocol.backbone.input_size)
+    if gallery is not None:
+        gallery = (for_test(gallery[0], protocol.augmentation, protocol.backbone.input_size),
+                   gallery[1])  # fmt: skip
+    if gallery is None:  # the parts are scored all-vs-all only
+        embeddings, parts = embed_parts(backbone, method, images, device, batch, precision)
+    else:
+        embeddings, parts = embed(backbone, method, images, device, batch, precision), {}
+    gallery_args: tuple[torch.Tensor, torch.Tensor] | tuple[()] = ()
+    if gallery is not None:
+        gallery_args = (embed(backbone, method, gallery[0], device, batch, precision),
+                        torch.as_tensor(gallery[1]))  # fmt: skip
+    embed_seconds = clock.now() - start
+    ks, names = tuple(protocol.evaluation.recall_ks), _expand(protocol)
+    convention = protocol.evaluation.clustering
+    scorer, counted = ranking_scorer(method, protocol, all_vs_all=gallery is None)
+    report = compute_report(
+        embeddings, torch.as_tensor(labels), *gallery_args, recall_ks=ks, metrics=names,
+        scorer=scorer, seed=seed, kmeans_convention=convention, device=device,
+    )  # fmt: skip
+    metrics = report.metrics
+    by_part: dict[str, dict[str, float]] = {}
+    distances: dict[str, list[float]] = {}
+    if gallery is None:
+        by_part = {
+            name: compute_metrics(
+                part,
+                torch.as_tensor(labels),
+                recall_ks=ks,
+                metrics=names,
+                seed=seed,
+                kmeans_convention=convention,
+                device=device,
+            )  # fmt: skip
+            for name, part in parts.items()
+        }
+        distances = distance_histogram(embeddings, torch.as_tensor(labels))
+    timings = {
+        "embed_seconds": round(embed_seconds, 3),
+        "eval_seconds": round(clock.now() - start, 3),
+    }
+    bootstrap = {
+        "unit": "test queries", "resamples": BOOTSTRAP_RESAMPLES, "seed": seed,
+        "confidence": CONFIDENCE, "intervals": bootstrap_intervals(report.per_query, seed=seed),
+    }  # fmt: skip
+    return Evaluation(metrics, timings, by_part, distances, bootstrap, report.kmeans_convention,
+                      embeddings, None if counted is None else counted.pairs)  # fmt: skip
+
+
+@dataclass
+class Evaluation:
+    """What one evaluation gives: by_part and distances are empty in query/gallery mode."""
+
+    metrics: dict[str, float]
+    timings: dict[str, float]
+    by_part: dict[str, dict[str, float]] = field(default_factory=dict)
+    distances: dict[str, list[float]] = field(default_factory=dict)
+    # percentile intervals of each retrieval metric over resampled test queries (harness.core.stats)
+    bootstrap: dict[str, object] = field(default_factory=dict)
+    clustering: str | None = None  # the k-means convention of nmi and f1; None without them
+    embeddings: torch.Tensor | None = field(default=None, repr=False)  # the queries' (or all)
+    pair_scores: int | None = None  # the learned scorer's pair evaluations; None: no scorer
+
+
+HISTOGRAM_BINS = 50
+
+
+@torch.no_grad()
+def distance_histogram(
+    embeddings: torch.Tensor, labels: torch.Tensor, bins: int = HISTOGRAM_BINS, chunk: int = 1024
+) -> dict[str, list[float]]:
+    """Counts of the Euclidean distances of every positive and every negative pair (i < j),
+    on `bins` equal bins from 0 to the largest distance: HDC's figure of how far the two
+    distributions overlap, kept in the result so the figure is drawn from results. Exact,
+    row block by row block (O(n^2) distances, O(chunk * n) memory)."""
+    emb, lab = embeddings.float(), labels.to(embeddings.device)
+    n = len(emb)
+    top = 0.0
+    for s in range(0, n, chunk):
+        top = max(top, float(torch.cdist(emb[s : s + chunk], emb).max()) if n > 1 else 0.0)
+    edges = torch.linspace(0.0, max(top, 1e-12) * (1 + 1e-6), bins + 1)
+    positive = torch.zeros(bins, dtype=torch.float64)
+    negative = torch.zeros(bins, dtype=torch.float64)
+    columns = torch.arange(n, device=emb.device)[None]
+    for s in range(0, n, chunk):  # on the embeddings' device (SOP: 60k x 60k on a GPU)
+        d = torch.cdist(emb[s : s + chunk], emb)
+        upper = columns[:, s : s + chunk].T < columns  # each unordered pair once
+        same = lab[s : s + chunk, None] == lab[None]
+        for mask, out in ((upper & same, positive), (upper & ~same, negative)):
+            out += torch.histc(d[mask].double(), bins=bins, min=0.0, max=float(edges[-1])).cpu()
+    return {"edges": [round(float(e), 6) for e in edges], "positive": positive.tolist(),
+            "negative": negative.tolist()}  # fmt: skip
+
+
+def selection_score(
+    backbone: Backbone,
+    method: Method,
+    images: torch.Tensor,
+    labels: np.ndarray,
+    protocol: Protocol,
+    device: torch.device,
+    seed: int,
+) -> float:
+    """The protocol's selection metric (`evaluation.select_by`) all-vs-all on the validation
+    split, ranked as the test will be (the method's scorer, if any). Leaves the modules in
+    eval mode; the training loop switches them back."""
+    images = for_test(images, protocol.augmentation, protocol.backbone.input_size)
+    embeddings = embed(backbone, method, images, device, protocol.evaluation.batch_size,
+                       protocol.precision)  # fmt: skip
+    scorer, _ = ranking_scorer(method, protocol, all_vs_all=True)
+    name = protocol.evaluation.select_by
+    metrics = compute_metrics(
+        embeddings, torch.as_tensor(labels), recall_ks=(1,), metrics=(name,), scorer=scorer,
+        seed=seed, kmeans_convention=protocol.evaluation.clustering, device=device,
+    )  # fmt: skip
+    return metrics[name]
+
+
+def _expand(protocol: Protocol) -> list[str]:
+    names = []
+    for name in protocol.evaluation.metrics:
+        if name == "recall@K":
+            names += [f"recall@{k}" for k in protocol.evaluation.recall_ks]
+        else:
+            names.append(name)
+    return names

@@ -1,0 +1,57 @@
+"""Result records: one typed JSON file per run, written atomically, with its provenance.
+
+`results` holds the records and their readers and writers, `provenance` where a number came
+from (code version, packages, hardware, this machine's id), `fingerprint` what decides a
+run's float rounding, `locks` the run locks that keep two processes off one result.
+"""
+
+from harness.records.fingerprint import describe, machine_fingerprint, package_versions
+from harness.records.locks import run_lock
+from harness.records.provenance import environment, machine_id
+from harness.records.results import (
+    DatasetInfo,
+    Environment,
+    MethodInfo,
+    ProtocolInfo,
+    ResultFormatError,
+    RunResult,
+    Selection,
+    TrainingRecord,
+    TupleCounts,
+    archive,
+    load_results,
+    parse_result,
+    read_result,
+    result_path,
+    result_paths,
+    write_json_atomic,
+    write_result,
+    write_text_atomic,
+)
+
+__all__ = [
+    "DatasetInfo",
+    "Environment",
+    "MethodInfo",
+    "ProtocolInfo",
+    "ResultFormatError",
+    "RunResult",
+    "Selection",
+    "TrainingRecord",
+    "TupleCounts",
+    "archive",
+    "describe",
+    "environment",
+    "load_results",
+    "machine_fingerprint",
+    "machine_id",
+    "package_versions",
+    "parse_result",
+    "read_result",
+    "result_path",
+    "result_paths",
+    "run_lock",
+    "write_json_atomic",
+    "write_result",
+    "write_text_atomic",
+]

@@ -1,0 +1,37 @@
+"""Reporting: results -> the leaderboard (regenerated from results, never edited), verdicts
+(intervals and significance), figures, the cost tables, and CI's regression check."""
+
+from harness.report.cost_tables import (
+    cost_rows,
+    cost_section,
+    cost_table,
+    devices_section,
+    devices_table,
+    overhead_line,
+)
+from harness.report.figures import by_family, cost_figure, distance_histograms, training_curve
+from harness.report.leaderboard import render, write_leaderboard
+from harness.report.regression import BASELINE_DIR, BASELINE_SEEDS, check
+from harness.report.verdicts import against_best, describe, per_seed, row_names
+
+__all__ = [
+    "BASELINE_DIR",
+    "BASELINE_SEEDS",
+    "against_best",
+    "by_family",
+    "check",
+    "cost_figure",
+    "cost_rows",
+    "cost_section",
+    "cost_table",
+    "describe",
+    "devices_section",
+    "devices_table",
+    "distance_histograms",
+    "overhead_line",
+    "per_seed",
+    "render",
+    "row_names",
+    "training_curve",
+    "write_leaderboard",
+]

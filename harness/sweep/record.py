@@ -1,0 +1,103 @@
+"""A run's result record as the sweep builds it: what the run is before it starts (protocol,
+method, seed, budget, weights file), where its numbers come from, and its outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+import harness
+from harness.core import MethodSpec, Protocol
+from harness.data import LabelledImages, Split
+from harness.records import (
+    DatasetInfo,
+    Environment,
+    MethodInfo,
+    ProtocolInfo,
+    RunResult,
+    Selection,
+    TrainingRecord,
+    TupleCounts,
+    environment,
+    write_result,
+)
+from harness.sweep.identity import hashed_weights
+from harness.sweep.spec import RunSpec
+from harness.train import TrainStats
+
+
+def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
+    """What a run is before it starts: protocol, method, seed, the sweep's seeds, budget, the
+    weights file it starts from (with its sha256, so a changed file is another run)."""
+    protocol = spec.parsed_protocol
+    weights_file = spec.weights or protocol.backbone.weights_file
+    return RunResult(
+        status="running",
+        protocol=ProtocolInfo(protocol.name, protocol.version, protocol.hash, protocol.path,
+                              protocol.content()),
+        method=MethodInfo(spec.method, method_spec.version, method_spec.paper,
+                          dict(spec.hyperparameters or {})),
+        seed=spec.seed,
+        sweep_seeds=list(spec.sweep_seeds if spec.sweep_seeds is not None else protocol.seeds),
+        training=TrainingRecord(max_steps=spec.max_steps),
+        tuning=spec.tuning,
+        backbone_weights=hashed_weights(weights_file) if weights_file else None,
+    )  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _describe_run(
+    record: RunResult, protocol: Protocol, data: LabelledImages, split: Split, device: torch.device
+) -> None:
+    """Where the run's numbers come from: dataset, split, start time, code and machine."""
+    record.dataset = DatasetInfo(protocol.dataset.name, data.source)
+    record.split = split.summary()
+    record.started_at = _now()
+    record.harness_version = harness.__version__
+    record.environment = Environment.from_json(environment(device))
+
+
+Writer = Callable[[Path, RunResult], None]
+
+
+def _stop(
+    record: RunResult, path: Path, status: str, failure: str, write: Writer = write_result
+) -> tuple[str, Path]:
+    """Write a run that ends without metrics (failed, not applicable) and say so."""
+    record.status, record.failure = status, failure
+    write(path, record)
+    return status, path
+
+
+def _record_outcome(
+    record: RunResult, stats: TrainStats, select_by: str, metrics: dict[str, float],
+    by_part: dict[str, dict[str, float]], eval_timings: dict[str, float],
+) -> None:  # fmt: skip
+    """A finished run: its metrics (and each part's, for a composite embedding), timings,
+    training counts and losses, mined tuples and model selection."""
+    record.status, record.metrics, record.finished_at = "ok", metrics, _now()
+    record.metrics_by_part = by_part or None  # left out when the embedding has no parts
+    record.timings = {**stats.summary(), **eval_timings}
+    record.tuples = TupleCounts(
+        kind=stats.tuple_kind, mined=stats.tuples_mined,
+        per_step=round(stats.tuples_mined / max(stats.steps, 1), 2),
+        pair_scores_evaluated=stats.pair_scores_evaluated, empty_steps=stats.empty_steps,
+    )  # fmt: skip
+    training = record.training
+    training.steps, training.epochs = stats.steps, round(stats.epochs, 3)
+    training.epoch_loss = [round(v, 6) for v in stats.epoch_loss]
+    training.epoch_seconds = [round(v, 3) for v in stats.epoch_seconds]
+    training.resumed_from_step = stats.resumed_from_step
+    if stats.validation:
+        record.selection = Selection(
+            metric=select_by, split="validation", best_epoch=stats.best_epoch,
+            per_epoch=[round(v, 6) for v in stats.validation],
+            seconds=round(stats.validation_seconds, 3),
+        )  # fmt: skip

@@ -1,0 +1,59 @@
+"""The tuned configurations `harness tune` stores (results/tuning/<protocol>/<method>.yaml),
+read here by `run --tuned`: stored state lives beside its reader, not its writer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.core import METHODS, HarnessError, Protocol
+
+
+def tuning_dir(results_dir: str | Path, protocol: str) -> Path:
+    return Path(results_dir) / "tuning" / protocol
+
+
+def overlay_path(
+    results_dir: str | Path, protocol: str, method: str, max_steps: int | None = None
+) -> Path:
+    """Where a study's best configuration goes; a capped study (--max-steps) has its own
+    file, so a smoke study never replaces the full one."""
+    capped = f".max_steps{max_steps}" if max_steps else ""
+    return tuning_dir(results_dir, protocol) / f"{method}{capped}.yaml"
+
+
+def load_overlay(
+    results_dir: str | Path, protocol: Protocol, method: str, max_steps: int | None = None
+) -> dict[str, Any]:
+    """The tuned configuration of `method` under `protocol`; a clear error when there is none,
+    it was tuned under another version of the protocol or method, or its trials were capped
+    (--max-steps) and this run (`max_steps`) is not. A capped run takes the study capped
+    alike, else the full study, else the capped study of the most steps."""
+    path = overlay_path(results_dir, protocol.name, method)
+    if max_steps:
+        capped = sorted(tuning_dir(results_dir, protocol.name).glob(f"{method}.max_steps*.yaml"),
+                        key=lambda p: int(p.stem.rsplit("max_steps", 1)[1]))  # fmt: skip
+        same = overlay_path(results_dir, protocol.name, method, max_steps)
+        if same.is_file():
+            path = same
+        elif not path.is_file() and capped:
+            path = capped[-1]
+    if not path.is_file():
+        raise HarnessError(f"no tuned configuration for {method} under {protocol.name} ({path}); "
+                           f"run `harness tune --protocol {protocol.name} --method {method}` first")  # fmt: skip
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if data.get("protocol_hash") != protocol.hash:
+        raise HarnessError(f"{path} was tuned under protocol hash {data.get('protocol_hash')}, "
+                           f"not {protocol.hash}; tune again")  # fmt: skip
+    if data.get("method_version") != METHODS.get(method).version:
+        raise HarnessError(f"{path} was tuned for {method} v{data.get('method_version')}; "
+                           f"it is now v{METHODS.get(method).version}: tune again")  # fmt: skip
+    capped = (data.get("study") or {}).get("max_steps")
+    if capped and not max_steps:
+        raise HarnessError(f"{path} comes from trials capped at --max-steps {capped} (a smoke "
+                           "study) and this run is not capped: tune again without --max-steps")  # fmt: skip
+    data["path"] = str(path)
+    return data

@@ -1,0 +1,75 @@
+"""Training: the model builder, the ONE training step, the loop and its resumable state, the
+shared build-train-validate path of runs and tuning trials (`fit`), and torchrun's
+collectives. No branch here knows which method it trains."""
+
+from harness.train.distributed import (
+    SyncBatchNorm,
+    average_gradients,
+    check_same_step,
+    convert_batchnorm,
+    gather,
+    gather_embedded,
+)
+from harness.train.fit import train_model
+from harness.train.loop import (
+    LOSS_READBACK_STEPS,
+    MAX_EMPTY_STEPS,
+    check_compile,
+    compiled,
+    total_steps,
+    train,
+)
+from harness.train.model import (
+    Model,
+    build_method,
+    build_model,
+    build_seeded_backbone,
+    seed_everything,
+)
+from harness.train.state import (
+    TrainingState,
+    TrainStats,
+    load_checkpoint,
+    lr_factor,
+    make_optimizer,
+    save_checkpoint,
+)
+from harness.train.step import (
+    StepResult,
+    TrainingStep,
+    detach_outputs,
+    parameter_groups,
+    trainable_modules,
+)
+
+__all__ = [
+    "LOSS_READBACK_STEPS",
+    "MAX_EMPTY_STEPS",
+    "Model",
+    "StepResult",
+    "SyncBatchNorm",
+    "TrainStats",
+    "TrainingState",
+    "TrainingStep",
+    "average_gradients",
+    "build_method",
+    "build_model",
+    "build_seeded_backbone",
+    "check_compile",
+    "check_same_step",
+    "compiled",
+    "convert_batchnorm",
+    "detach_outputs",
+    "gather",
+    "gather_embedded",
+    "load_checkpoint",
+    "lr_factor",
+    "make_optimizer",
+    "parameter_groups",
+    "save_checkpoint",
+    "seed_everything",
+    "total_steps",
+    "train",
+    "train_model",
+    "trainable_modules",
+]

@@ -1,0 +1,31 @@
+"""Equal-budget tuning on validation classes (Musgrave et al., "A Metric Learning Reality
+Check", 2020): Optuna studies (`study`), one trial's training on class folds (`trial`), the
+best configuration written where `run --tuned` reads it (`overlay`), trials as Ray tasks
+(`ray`). The test split is never embedded."""
+
+from harness.tune.overlay import OVERLAY_SCHEMA, study_figure, write_overlay
+from harness.tune.study import (
+    default_storage,
+    needs_validation,
+    open_study,
+    tune,
+    tune_method,
+)
+from harness.tune.trial import PRUNER, Trainer, class_folds, objective, run_trial, suggest
+
+__all__ = [
+    "OVERLAY_SCHEMA",
+    "PRUNER",
+    "Trainer",
+    "class_folds",
+    "default_storage",
+    "needs_validation",
+    "objective",
+    "open_study",
+    "run_trial",
+    "study_figure",
+    "suggest",
+    "tune",
+    "tune_method",
+    "write_overlay",
+]

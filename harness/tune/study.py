@@ -1,0 +1,128 @@
+"""Equal-budget tuning on validation classes (Musgrave et al., "A Metric Learning Reality
+Check", 2020): every method gets the same number of Optuna trials over the search space its
+file declares, each trial scored on classes carved from the training classes; the test split
+is never embedded.
+
+- Objective: the protocol's selection metric (`evaluation.select_by`) on the validation
+  classes, at the best epoch (the epoch the runner's model selection keeps); with K folds,
+  the training and validation classes are pooled and split into K class-disjoint folds, each
+  validating a model trained on the other K - 1, and the objective is the mean over folds.
+- Sampler: TPE, seeded (seed + the number of trials so far, so that a resumed study does not
+  propose its first trials again); the first trial of a new study is the paper default.
+- Pruner: median (a trial whose validation so far is below the median of earlier trials at
+  the same epoch stops), recorded with the study.
+- Storage: an Optuna RDB (SQLite under <results-dir>/tuning/ by default), so an interrupted
+  study resumes, and workers sharing a storage URL share a study; a study ends with exactly
+  N finished (complete or pruned) trials. A training failure is a finished trial scored 0.
+- Output: the best hyperparameters as an overlay (<results-dir>/tuning/<protocol>/<method>.yaml)
+  that `run --tuned` applies, and a figure of the objective per trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from harness.core import METHODS, HarnessError, Protocol, load_protocol, protocol_hyperparameters
+from harness.sweep import check_protocol, import_ray, tuning_dir
+from harness.tune.overlay import write_overlay
+from harness.tune.ray import optimize_on_ray
+from harness.tune.trial import PRUNER, Trainer, objective
+
+log = logging.getLogger(__name__)
+
+
+def default_storage(results_dir: str | Path, protocol: str) -> str:
+    return f"sqlite:///{(tuning_dir(results_dir, protocol) / 'studies.db').resolve()}"
+
+
+def needs_validation(protocol: Protocol) -> None:
+    if protocol.split.validation_fraction <= 0:
+        raise HarnessError(
+            f"protocol {protocol.name} carves no validation classes (split.validation_fraction "
+            "is 0), and tuning must never see the test classes; tune under a protocol with "
+            "split.validation_fraction > 0 (e.g. --protocol tuning)"
+        )
+
+
+def tune_method(
+    protocol: Protocol,
+    method: str,
+    trials: int,
+    *,
+    folds: int = 1,
+    storage: str | None = None,
+    results_dir: str | Path = "results",
+    sampler_seed: int = 0,
+    data_root: str | None = None,
+    device: str = "auto",
+    max_steps: int | None = None,
+    progress: bool = False,
+    engine: str = "local",
+    address: str | None = None,
+    cpus_per_trial: int = 1,
+    gpus_per_trial: float = 0.0,
+) -> Path:
+    """Run (or resume) one method's study to `trials` finished trials (here, or as Ray tasks
+    with engine="ray"); write its overlay and figure, and return the overlay's path."""
+    import optuna
+
+    needs_validation(protocol)
+    spec = METHODS.get(method)
+    base = protocol_hyperparameters(protocol, method)
+    storage = storage or default_storage(results_dir, protocol.name)
+    study = open_study(protocol, method, spec.version, folds, storage, sampler_seed, max_steps)
+    if not study.trials and spec.search:  # the paper's configuration is always tried
+        study.enqueue_trial({k: base[k] for k in spec.search})
+    trainer = Trainer(protocol, method, folds, data_root, device, max_steps)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    done = len(study.get_trials(deepcopy=False, states=finished))
+    if done < trials:
+        log.info("%s: %d of %d trials done; running %d", method, done, trials, trials - done)
+    if engine == "ray" and done < trials:
+        optimize_on_ray(study, storage, trainer, base, spec.search, trials, address,
+                        cpus_per_trial, gpus_per_trial)  # fmt: skip
+    elif done < trials:
+        study.optimize(objective(trainer, base, spec.search), n_trials=trials - done, catch=(),
+                       show_progress_bar=progress,
+                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
+    return write_overlay(study, protocol, method, spec.version, base, folds, storage, results_dir,
+                         max_steps)  # fmt: skip
+
+
+def open_study(
+    protocol: Protocol, method: str, version: int, folds: int, storage: str, sampler_seed: int,
+    max_steps: int | None = None,
+) -> Any:  # fmt: skip
+    """The method's study in `storage` (created or loaded), with its seeded TPE sampler; a
+    study of capped trials (--max-steps) is another study, never resumed as a full one."""
+    import optuna
+
+    if storage.startswith("sqlite:///"):
+        Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = f"{protocol.name}@{protocol.hash}/{method}@v{version}/folds{folds}"
+    if max_steps:
+        name += f"/max_steps{max_steps}"
+    study = optuna.create_study(
+        study_name=name, storage=storage, load_if_exists=True, direction="maximize",
+        pruner=optuna.pruners.MedianPruner(**PRUNER),
+    )  # fmt: skip
+    # seeded, and seeded anew on a resume (a sampler restarted with the first seed would
+    # propose the trials it already proposed again)
+    study.sampler = optuna.samplers.TPESampler(seed=sampler_seed + len(study.trials))
+    return study
+
+
+def tune(protocol_name: str, methods: list[str], trials: int, **options: Any) -> dict[str, Path]:
+    """Tune each method with the same number of trials; returns the overlay per method."""
+    if options.get("engine") == "ray":
+        import_ray()  # say how to install it before anything runs
+    protocol = load_protocol(protocol_name)
+    needs_validation(protocol)
+    if trials < 1 or not math.isfinite(trials):
+        raise HarnessError(f"--trials must be at least 1, got {trials}")
+    check_protocol(protocol, methods)  # unknown names and bad values fail before any training
+    return {m: tune_method(protocol, m, trials, **options) for m in methods}
