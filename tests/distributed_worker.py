@@ -25,6 +25,7 @@ import torch.distributed as dist
 from harness.core import (
     SINGLE,
     Dist,
+    RunContext,
     current,
     init_from_env,
     load_protocol,
@@ -32,6 +33,9 @@ from harness.core import (
 )
 from harness.data import PKSampler
 from harness.train import (
+    Checkpoint,
+    EpochHooks,
+    TrainingSet,
     TrainingStep,
     build_model,
     convert_batchnorm,
@@ -47,11 +51,13 @@ g = torch.Generator().manual_seed(0)
 IMAGES = torch.randint(0, 256, (CLASSES * PER_CLASS, 1, SIZE, SIZE), generator=g, dtype=torch.uint8)
 LABELS = np.repeat(np.arange(CLASSES), PER_CLASS)
 COARSE = LABELS // 2  # 4 coarse classes of 2 fine ones (the quadruplet methods need them)
+DATA = TrainingSet(IMAGES, LABELS, COARSE)
+CPU = torch.device("cpu")
 
 
 def model(name: str):
     hyper = protocol_hyperparameters(PROTOCOL, name)
-    return build_model(PROTOCOL, name, hyper, 0, torch.device("cpu"), in_channels=1,
+    return build_model(RunContext(PROTOCOL, 0, CPU), name, hyper, in_channels=1,
                        num_classes=CLASSES, num_coarse_classes=4)  # fmt: skip
 
 
@@ -62,8 +68,7 @@ def step_grads(name: str, d: Dist, sync_bn: bool = True) -> dict[str, torch.Tens
         convert_batchnorm(m.method.head)
     modules = trainable_modules(m.backbone, m.method)
     opt = torch.optim.SGD(modules.parameters(), lr=0.0)
-    step = TrainingStep(m.backbone, m.method, opt, IMAGES, LABELS, COARSE, torch.device("cpu"),
-                        dist=d)  # fmt: skip
+    step = TrainingStep(m, opt, DATA, RunContext(PROTOCOL, 0, CPU, dist=d))
     modules.train()
     idx = torch.from_numpy(PKSampler(LABELS, 4, 4, seed=0).next_batch())
     step(idx, check_indices=True)
@@ -98,8 +103,7 @@ def curve(out: str, name: str, steps: str) -> None:
         if label == "single":
             dist.destroy_process_group()  # train() sees no process group: one process
         m = model(name)
-        stats = train(m.backbone, m.method, IMAGES, LABELS, COARSE, protocol, 0,
-                      torch.device("cpu"), progress=False)  # fmt: skip
+        stats = train(RunContext(protocol, 0, CPU), m, DATA)
         state = {k: v.clone() for k, v in m.backbone.state_dict().items()}
         runs[label] = {"losses": stats.epoch_loss, "state": state, "world": context.world_size}
         if label == "distributed":
@@ -120,8 +124,7 @@ def resume(out: str, name: str, steps: str) -> None:
 
     def run(**options):
         m = model(name)
-        stats = train(m.backbone, m.method, IMAGES, LABELS, COARSE, protocol, 0,
-                      torch.device("cpu"), progress=False, **options)  # fmt: skip
+        stats = train(RunContext(protocol, 0, CPU), m, DATA, **options)
         return stats, {k: v.clone() for k, v in m.backbone.state_dict().items()}
 
     whole, whole_state = run()
@@ -131,11 +134,11 @@ def resume(out: str, name: str, steps: str) -> None:
             raise KeyboardInterrupt
 
     try:
-        run(checkpoint=ckpt, identity="a", on_epoch_end=crash)
+        run(checkpoint=Checkpoint(ckpt, "a"), hooks=EpochHooks(on_epoch_end=crash))
     except KeyboardInterrupt:
         pass
     dist.barrier()  # rank 0 has written the checkpoint before any rank reads it
-    resumed, resumed_state = run(checkpoint=ckpt, identity="a")
+    resumed, resumed_state = run(checkpoint=Checkpoint(ckpt, "a"))
     if current().is_main:
         torch.save({"whole": (whole.epoch_loss, whole_state), "from": resumed.resumed_from_step,
                     "resumed": (resumed.epoch_loss, resumed_state)}, out)  # fmt: skip
@@ -177,20 +180,19 @@ def mismatch(out: str, name: str) -> None:
         if epoch == 2:
             raise KeyboardInterrupt
 
-    def run(**options):
-        m = model(name)
-        train(m.backbone, m.method, IMAGES, LABELS, COARSE, protocol, 0, torch.device("cpu"),
-              progress=False, identity="a", **options)  # fmt: skip
+    def run(path, **options):
+        train(RunContext(protocol, 0, CPU), model(name), DATA, checkpoint=Checkpoint(path, "a"),
+              **options)  # fmt: skip
 
     try:
-        run(checkpoint=ckpt, on_epoch_end=crash)
+        run(ckpt, hooks=EpochHooks(on_epoch_end=crash))
     except KeyboardInterrupt:
         pass
     dist.barrier()
     if here.rank == 1:
         ckpt.unlink(missing_ok=True)  # rank 0 wrote it, and only rank 0's node has it
     try:
-        run(checkpoint=Path(out).with_suffix(".0.ckpt") if here.is_main else ckpt)
+        run(Path(out).with_suffix(".0.ckpt") if here.is_main else ckpt)
         error = ""
     except HarnessError as exc:
         error = str(exc)

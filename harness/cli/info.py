@@ -23,7 +23,7 @@ from harness.core import (
     protocol_names,
 )
 from harness.data import DATASETS, download, verify
-from harness.evaluate import compute_metrics
+from harness.evaluate import MetricOptions, compute_metrics
 from harness.report import write_leaderboard
 from harness.sweep import check_protocol
 
@@ -140,17 +140,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise HarnessError("give both --query-embeddings and --query-labels, or neither")
     gallery = _load_npy(args.embeddings, "--embeddings")
     gallery_labels = _load_npy(args.labels, "--labels")
-    options = {"recall_ks": tuple(args.recall_ks), "kmeans_convention": args.clustering}
+    ks, options = tuple(args.recall_ks), MetricOptions(kmeans_convention=args.clustering)
     if args.query_embeddings is None:
-        metrics = compute_metrics(gallery, gallery_labels, **options)
+        metrics = compute_metrics(gallery, gallery_labels, recall_ks=ks, options=options)
     else:
-        metrics = compute_metrics(
-            _load_npy(args.query_embeddings, "--query-embeddings"),
-            _load_npy(args.query_labels, "--query-labels"),
-            gallery,
-            gallery_labels,
-            **options,
-        )
+        query = (_load_npy(args.query_embeddings, "--query-embeddings"),
+                 _load_npy(args.query_labels, "--query-labels"))  # fmt: skip
+        metrics = compute_metrics(*query, gallery, gallery_labels, recall_ks=ks, options=options)
     if args.json:
         print(json.dumps(metrics))
     else:

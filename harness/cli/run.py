@@ -11,6 +11,8 @@ import signal
 import sys
 from pathlib import Path
 
+import torch.distributed
+
 from harness.cli.argtypes import nonnegative_int, positive_int, seed_list
 from harness.core import (
     METHODS,
@@ -20,11 +22,12 @@ from harness.core import (
     launched,
     load_methods,
     load_protocol,
+    program_name,
     resolve_device,
 )
 from harness.records import result_paths
 from harness.report import write_leaderboard
-from harness.sweep import plan, sweep, sweep_ray
+from harness.sweep import RunSpec, plan, sweep, sweep_ray
 from harness.train import check_compile
 
 log = logging.getLogger("harness")
@@ -78,12 +81,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     load_methods()
-
     ray_only = [flag for flag, value in (("--address", args.address), ("--cpus-per-run",
                 args.cpus_per_run), ("--gpus-per-run", args.gpus_per_run)) if value is not None]  # fmt: skip
     if ray_only and args.engine != "ray":  # else the runs would quietly stay on this machine
         raise HarnessError(f"{', '.join(ray_only)} only apply to --engine ray: add --engine ray "
                            "or drop them")  # fmt: skip
+    specs = _plan(args)
+    here = _join_torchrun(args)
+    if args.engine == "ray" and here.active:
+        raise HarnessError("--engine ray runs whole runs as tasks; do not launch it with torchrun")
+    if args.compile and args.address is None:  # runs train on this machine: check it up front
+        check_compile(resolve_device(args.device))
+    try:
+        counts = _sweep(args, specs)
+    except KeyboardInterrupt as exc:
+        print("\ninterrupted: finished runs and the last epoch checkpoint are saved; run the "
+              "same command again to resume", file=sys.stderr)  # fmt: skip
+        return 143 if isinstance(exc, Terminated) else 130  # 128 + SIGTERM, 128 + SIGINT
+    if here.active:
+        torch.distributed.destroy_process_group()
+        if not here.is_main:  # rank 0 reports and writes the leaderboard
+            return _sweep_status(counts)
+    # every run may have crashed before writing a first result: then there is no leaderboard
+    path = write_leaderboard(Path(args.results_dir)) if result_paths(args.results_dir) else None
+    print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: "
+          f"{path or 'none (no results yet)'}")  # fmt: skip
+    return _sweep_status(counts)
+
+
+def _plan(args: argparse.Namespace) -> list[RunSpec]:
+    """The sweep the options ask for: the protocol (at --precision if given), the methods,
+    the seeds, every option; bad input fails here, before any run."""
     protocol = load_protocol(args.protocol)
     if args.precision and args.precision != protocol.precision:
         protocol = dataclasses.replace(protocol, precision=args.precision)
@@ -93,57 +121,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if not names:
         raise HarnessError(f"--method {args.method!r} names no method: give NAME[,NAME...] "
-                           "(`python -m harness ls` lists them) or --all")  # fmt: skip
+                           f"(`{program_name()} ls` lists them) or --all")  # fmt: skip
     specs = plan(
-        protocol,
-        names,
-        args.seeds,
-        data_root=args.data_root,
-        device=args.device,
-        max_steps=args.max_steps,
-        results_dir=args.results_dir,
-        force=args.force,
-        weights=args.weights,
-        workers=args.workers,
-        decoder=args.decoder,
-        compile=args.compile,
-        tuned=args.tuned,
-    )
-    here = _join_torchrun(args)
+        protocol, names, args.seeds, data_root=args.data_root, device=args.device,
+        max_steps=args.max_steps, results_dir=args.results_dir, force=args.force,
+        weights=args.weights, workers=args.workers, decoder=args.decoder,
+        compile=args.compile, tuned=args.tuned,
+    )  # fmt: skip
     log.info(
         "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)
     )
-    if args.engine == "ray" and here.active:
-        raise HarnessError("--engine ray runs whole runs as tasks; do not launch it with torchrun")
-    if args.compile and args.address is None:  # runs train on this machine: check it up front
-        check_compile(resolve_device(args.device))
+    return specs
+
+
+def _sweep(args: argparse.Namespace, specs: list[RunSpec]) -> dict[str, int]:
+    """The sweep's counts by status, run here or on Ray; SIGTERM stops it as Ctrl-C does
+    (finished runs and the last epoch checkpoint are kept)."""
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         if args.engine == "ray":
-            counts = sweep_ray(specs, args.address, args.cpus_per_run or 1,
-                               args.gpus_per_run or 0.0, progress=not args.quiet)  # fmt: skip
-        else:
-            counts = sweep(specs, progress=not args.quiet)
-    except KeyboardInterrupt as exc:
-        print(
-            "\ninterrupted: finished runs and the last epoch checkpoint are saved; run the "
-            "same command again to resume",
-            file=sys.stderr,
-        )
-        return 143 if isinstance(exc, Terminated) else 130  # 128 + SIGTERM, 128 + SIGINT
+            return sweep_ray(specs, args.address, args.cpus_per_run or 1,
+                             args.gpus_per_run or 0.0, progress=not args.quiet)  # fmt: skip
+        return sweep(specs, progress=not args.quiet)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if here.active:
-        import torch.distributed
-
-        torch.distributed.destroy_process_group()
-        if not here.is_main:  # rank 0 reports and writes the leaderboard
-            return _sweep_status(counts)
-    # every run may have crashed before writing a first result: then there is no leaderboard
-    path = write_leaderboard(Path(args.results_dir)) if result_paths(args.results_dir) else None
-    print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: "
-          f"{path or 'none (no results yet)'}")  # fmt: skip
-    return _sweep_status(counts)
 
 
 def _sweep_status(counts: dict[str, int]) -> int:
@@ -157,8 +158,6 @@ def _join_torchrun(args: argparse.Namespace):  # -> harness.core.Dist
 
     if not launched():
         return SINGLE
-    import torch
-
     device = resolve_device(args.device)
     if device.type == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -9,7 +9,7 @@ import yaml
 from harness.cli.argtypes import positive_int
 from harness.cli.run import terminate
 from harness.core import load_methods
-from harness.tune import tune
+from harness.tune import TuneOptions, tune
 
 
 def add_parser(sub: Any) -> None:
@@ -46,11 +46,13 @@ def cmd_tune(args: Any) -> int:
     names = [m.strip() for m in args.method.split(",") if m.strip()]
     previous = signal.signal(signal.SIGTERM, terminate)  # SIGTERM stops like Ctrl-C
     try:
-        written = tune(args.protocol, names, args.trials, folds=args.folds, storage=args.storage,
-                       results_dir=args.results_dir, data_root=args.data_root,
-                       device=args.device, max_steps=args.max_steps, progress=not args.quiet,
-                       engine=args.engine, address=args.address,
-                       cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial)  # fmt: skip
+        options = TuneOptions(
+            folds=args.folds, storage=args.storage, results_dir=args.results_dir,
+            data_root=args.data_root, device=args.device, max_steps=args.max_steps,
+            progress=not args.quiet, engine=args.engine, address=args.address,
+            cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
+        )  # fmt: skip
+        written = tune(args.protocol, names, args.trials, options)
     except KeyboardInterrupt:
         print("\ninterrupted: finished trials are kept in the study (the interrupted one is "
               "recorded as failed); run the same command again to resume", file=sys.stderr)  # fmt: skip

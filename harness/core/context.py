@@ -10,12 +10,12 @@ one more parameter on every function between the command line and the step.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from harness.core.dist import SINGLE, Dist
+from harness.core.dist import Dist, current
 from harness.core.protocol import Protocol
 
 
@@ -26,18 +26,22 @@ class RunContext:
     max_steps caps training (smoke runs); workers is the number of processes preparing
     batches (None: the data pipeline's default); compile runs the training step's backbone
     through torch.compile; progress draws bars on a terminal; weights is a local ImageNet
-    weights file that overrides the protocol's backbone.weights_file."""
+    weights file that overrides the protocol's backbone.weights_file; data_root is the folder
+    holding the dataset's files (None: the dataset's default); decoder says who decodes image
+    files ("pil" in the workers, "torch" on the device)."""
 
     protocol: Protocol
     seed: int
     device: torch.device
-    dist: Dist = SINGLE
+    dist: Dist = field(default_factory=current)  # torchrun's process group, if joined
     results_dir: Path = Path("results")
     max_steps: int | None = None
     workers: int | None = None
     compile: bool = False
     progress: bool = False
     weights: str | None = None
+    data_root: str | None = None
+    decoder: str = "pil"
 
     @property
     def precision(self) -> str:

@@ -3,7 +3,13 @@ definitions (`metrics`, one chunked pass over the distances), ranked by Euclidea
 or by the method's learned scorer."""
 
 from harness.evaluate.embedding import embed, embed_parts
-from harness.evaluate.metrics import MetricReport, compute_metrics, compute_report, lda_score
+from harness.evaluate.metrics import (
+    MetricOptions,
+    MetricReport,
+    compute_metrics,
+    compute_report,
+    lda_score,
+)
 from harness.evaluate.score import (
     HISTOGRAM_BINS,
     Evaluation,
@@ -17,6 +23,7 @@ __all__ = [
     "HISTOGRAM_BINS",
     "CountedScorer",
     "Evaluation",
+    "MetricOptions",
     "MetricReport",
     "compute_metrics",
     "compute_report",

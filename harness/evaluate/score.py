@@ -14,22 +14,21 @@ from harness.core import (
     Method,
     PhaseTimer,
     Protocol,
+    RunContext,
     bootstrap_intervals,
 )
 from harness.data import for_test
 from harness.evaluate.embedding import embed, embed_parts
-from harness.evaluate.metrics.report import compute_metrics, compute_report
+from harness.evaluate.metrics.report import MetricOptions, compute_metrics, compute_report
 from harness.evaluate.scoring import ranking_scorer
 
 
 def evaluate(
+    ctx: RunContext,
     backbone: Backbone,
     method: Method,
     images: torch.Tensor,
     labels: np.ndarray,
-    protocol: Protocol,
-    device: torch.device,
-    seed: int,
     gallery: tuple[torch.Tensor, np.ndarray] | None = None,
 ) -> Evaluation:
     """Score the model on one split: all-vs-all over (images, labels), or, with ``gallery``
@@ -39,58 +38,79 @@ def evaluate(
     (e.g. HDC's single heads, ranked by Euclidean distance under the same definitions; the
     method's scorer, if any, applies to the full embedding only) and the histogram of the pair
     distances. Clustering metrics cluster queries and gallery together, with the protocol's
-    k-means convention (`evaluation.clustering`; see harness.evaluate.metrics). Images go through
-    the protocol's test augmentation (resize, center crop) when it has one."""
-    clock = PhaseTimer(device)  # its now() waits for the device's queued work
+    k-means convention (`evaluation.clustering`; see harness.evaluate.metrics). Images go
+    through the protocol's test augmentation (resize, center crop) when it has one."""
+    clock = PhaseTimer(ctx.device)  # its now() waits for the device's queued work
     start = clock.now()
-    batch, precision = protocol.evaluation.batch_size, protocol.precision
-    images = for_test(images, protocol.augmentation, protocol.backbone.input_size)
-    if gallery is not None:
-        gallery = (for_test(gallery[0], protocol.augmentation, protocol.backbone.input_size),
-                   gallery[1])  # fmt: skip
-    if gallery is None:  # the parts are scored all-vs-all only
-        embeddings, parts = embed_parts(backbone, method, images, device, batch, precision)
-    else:
-        embeddings, parts = embed(backbone, method, images, device, batch, precision), {}
-    gallery_args: tuple[torch.Tensor, torch.Tensor] | tuple[()] = ()
-    if gallery is not None:
-        gallery_args = (embed(backbone, method, gallery[0], device, batch, precision),
-                        torch.as_tensor(gallery[1]))  # fmt: skip
+    embedded = _embed_split(ctx, backbone, method, images, gallery)
     embed_seconds = clock.now() - start
-    ks, names = tuple(protocol.evaluation.recall_ks), _expand(protocol)
-    convention = protocol.evaluation.clustering
-    scorer, counted = ranking_scorer(method, protocol, all_vs_all=gallery is None)
-    report = compute_report(
-        embeddings, torch.as_tensor(labels), *gallery_args, recall_ks=ks, metrics=names,
-        scorer=scorer, seed=seed, kmeans_convention=convention, device=device,
-    )  # fmt: skip
-    metrics = report.metrics
+    labels_t = torch.as_tensor(labels)
+    ks, names, options = (
+        tuple(ctx.protocol.evaluation.recall_ks),
+        _expand(ctx.protocol),
+        _options(ctx),
+    )
+    scorer, counted = ranking_scorer(method, ctx.protocol, all_vs_all=gallery is None)
+    report = compute_report(embedded.embeddings, labels_t, *embedded.gallery, recall_ks=ks,
+                            metrics=names, scorer=scorer, options=options)  # fmt: skip
     by_part: dict[str, dict[str, float]] = {}
     distances: dict[str, list[float]] = {}
     if gallery is None:
         by_part = {
-            name: compute_metrics(
-                part,
-                torch.as_tensor(labels),
-                recall_ks=ks,
-                metrics=names,
-                seed=seed,
-                kmeans_convention=convention,
-                device=device,
-            )  # fmt: skip
-            for name, part in parts.items()
+            name: compute_metrics(part, labels_t, recall_ks=ks, metrics=names, options=options)
+            for name, part in embedded.parts.items()
         }
-        distances = distance_histogram(embeddings, torch.as_tensor(labels))
+        distances = distance_histogram(embedded.embeddings, labels_t)
     timings = {
         "embed_seconds": round(embed_seconds, 3),
         "eval_seconds": round(clock.now() - start, 3),
     }
     bootstrap = {
-        "unit": "test queries", "resamples": BOOTSTRAP_RESAMPLES, "seed": seed,
-        "confidence": CONFIDENCE, "intervals": bootstrap_intervals(report.per_query, seed=seed),
+        "unit": "test queries", "resamples": BOOTSTRAP_RESAMPLES, "seed": ctx.seed,
+        "confidence": CONFIDENCE,
+        "intervals": bootstrap_intervals(report.per_query, seed=ctx.seed),
     }  # fmt: skip
-    return Evaluation(metrics, timings, by_part, distances, bootstrap, report.kmeans_convention,
-                      embeddings, None if counted is None else counted.pairs)  # fmt: skip
+    return Evaluation(report.metrics, timings, by_part, distances, bootstrap,
+                      report.kmeans_convention, embedded.embeddings,
+                      None if counted is None else counted.pairs)  # fmt: skip
+
+
+@dataclass
+class _Embedded:
+    """A split's embeddings: the queries' (or all), their sub-embeddings (all-vs-all only),
+    and the gallery's (embeddings, labels), empty when all-vs-all."""
+
+    embeddings: torch.Tensor
+    parts: dict[str, torch.Tensor]
+    gallery: tuple[torch.Tensor, torch.Tensor] | tuple[()]
+
+
+def _embed_split(
+    ctx: RunContext,
+    backbone: Backbone,
+    method: Method,
+    images: torch.Tensor,
+    gallery: tuple[torch.Tensor, np.ndarray] | None,
+) -> _Embedded:
+    """Embed the queries (with their sub-embeddings when all-vs-all), then the gallery,
+    after the protocol's test augmentation."""
+    protocol, device = ctx.protocol, ctx.device
+    batch, precision = protocol.evaluation.batch_size, ctx.precision
+    images = for_test(images, protocol.augmentation, protocol.backbone.input_size)
+    if gallery is None:  # the parts are scored all-vs-all only
+        embeddings, parts = embed_parts(backbone, method, images, device, batch, precision)
+        return _Embedded(embeddings, parts, ())
+    gallery_images = for_test(gallery[0], protocol.augmentation, protocol.backbone.input_size)
+    embeddings = embed(backbone, method, images, device, batch, precision)
+    gallery_embeddings = embed(backbone, method, gallery_images, device, batch, precision)
+    return _Embedded(embeddings, {}, (gallery_embeddings, torch.as_tensor(gallery[1])))
+
+
+def _options(ctx: RunContext) -> MetricOptions:
+    """How a run's metrics are computed: k-means seeded by the run's seed, with the
+    protocol's convention, on the run's device."""
+    return MetricOptions(seed=ctx.seed, kmeans_convention=ctx.protocol.evaluation.clustering,
+                         device=ctx.device)  # fmt: skip
 
 
 @dataclass
@@ -139,26 +159,19 @@ def distance_histogram(
 
 
 def selection_score(
-    backbone: Backbone,
-    method: Method,
-    images: torch.Tensor,
-    labels: np.ndarray,
-    protocol: Protocol,
-    device: torch.device,
-    seed: int,
+    ctx: RunContext, backbone: Backbone, method: Method, images: torch.Tensor, labels: np.ndarray
 ) -> float:
     """The protocol's selection metric (`evaluation.select_by`) all-vs-all on the validation
     split, ranked as the test will be (the method's scorer, if any). Leaves the modules in
     eval mode; the training loop switches them back."""
+    protocol = ctx.protocol
     images = for_test(images, protocol.augmentation, protocol.backbone.input_size)
-    embeddings = embed(backbone, method, images, device, protocol.evaluation.batch_size,
-                       protocol.precision)  # fmt: skip
+    embeddings = embed(backbone, method, images, ctx.device, protocol.evaluation.batch_size,
+                       ctx.precision)  # fmt: skip
     scorer, _ = ranking_scorer(method, protocol, all_vs_all=True)
     name = protocol.evaluation.select_by
-    metrics = compute_metrics(
-        embeddings, torch.as_tensor(labels), recall_ks=(1,), metrics=(name,), scorer=scorer,
-        seed=seed, kmeans_convention=protocol.evaluation.clustering, device=device,
-    )  # fmt: skip
+    metrics = compute_metrics(embeddings, torch.as_tensor(labels), recall_ks=(1,),
+                              metrics=(name,), scorer=scorer, options=_options(ctx))  # fmt: skip
     return metrics[name]
 
 

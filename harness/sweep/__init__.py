@@ -13,9 +13,9 @@ from harness.sweep.identity import checkpoint_identity, hashed_weights, refuse_t
 from harness.sweep.policy import checkpoint_path, decide
 from harness.sweep.preflight import check_backbone, check_methods, check_protocol
 from harness.sweep.ray import TASK_RETRIES, import_ray, run_task, start_ray, sweep_ray
-from harness.sweep.record import new_result
-from harness.sweep.runner import execute, sweep
-from harness.sweep.spec import TUNED_SUFFIX, RunSpec, plan, resolve, resolve_all
+from harness.sweep.record import new_result, record_outcome
+from harness.sweep.runner import execute, execute_run, sweep
+from harness.sweep.spec import TUNED_SUFFIX, RunSpec, plan, resolve, resolve_all, run_context
 from harness.sweep.tuned import load_overlay, overlay_path, tuning_dir
 
 __all__ = [
@@ -30,12 +30,15 @@ __all__ = [
     "checkpoint_path",
     "decide",
     "execute",
+    "execute_run",
+    "run_context",
     "hashed_weights",
     "import_ray",
     "load_overlay",
     "new_result",
     "overlay_path",
     "plan",
+    "record_outcome",
     "refuse_to_replace",
     "resolve",
     "resolve_all",

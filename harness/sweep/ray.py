@@ -22,7 +22,7 @@ from harness.core import METHODS, HarnessError, load_methods
 from harness.records import RunResult, result_path, write_result
 from harness.sweep.policy import decide
 from harness.sweep.record import new_result
-from harness.sweep.runner import _execute
+from harness.sweep.runner import execute_run
 from harness.sweep.spec import RunSpec, resolve_all
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,7 @@ def run_task(spec: RunSpec, threads: int, progress: Any = None) -> dict[str, Any
     load_methods()
 
     torch.set_num_threads(threads)  # the rounding depends on it: the result records it
-    method_spec = METHODS.get(spec.method)
-    record = new_result(spec, method_spec)
+    record = new_result(spec, METHODS.get(spec.method))
     path = result_path(Path(spec.results_dir), spec.parsed_protocol.name, spec.run_name,
                        spec.seed)  # fmt: skip
 
@@ -61,9 +60,8 @@ def run_task(spec: RunSpec, threads: int, progress: Any = None) -> dict[str, Any
             pass
 
     out: dict[str, Any] = {}
-    status, _ = _execute(spec, spec.parsed_protocol, method_spec, spec.hyperparameters, record,
-                         path, False, None if progress is None else report,
-                         write=lambda _, r: out.update(result=r.to_json()))  # fmt: skip
+    status, _ = execute_run(spec, record, path, on_epoch_end=None if progress is None else report,
+                            write=lambda _, r: out.update(result=r.to_json()))  # fmt: skip
     return {"status": status, "result": out.get("result")}
 
 

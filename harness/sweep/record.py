@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 import harness
-from harness.core import MethodSpec, Protocol
+from harness.core import MethodSpec, Protocol, RunContext
 from harness.data import LabelledImages, Split
+from harness.evaluate import Evaluation, retrieval_record
 from harness.records import (
     DatasetInfo,
     Environment,
@@ -101,3 +102,23 @@ def _record_outcome(
             per_epoch=[round(v, 6) for v in stats.validation],
             seconds=round(stats.validation_seconds, 3),
         )  # fmt: skip
+
+
+def record_outcome(
+    record: RunResult, ctx: RunContext, stats: TrainStats, result: Evaluation
+) -> None:
+    """A finished run's evaluation into its record: metrics, timings, training counts,
+    selection, the distances' histogram, bootstrap intervals, how it was ranked and, under
+    torchrun, the world it trained in."""
+    if result.distances:
+        record.distances = result.distances
+    record.bootstrap = result.bootstrap or None
+    record.clustering_convention = result.clustering
+    _record_outcome(record, stats, ctx.protocol.evaluation.select_by, result.metrics,
+                    result.by_part, result.timings)  # fmt: skip
+    if ctx.dist.active:  # the step counts whole batches; each rank embedded 1/world_size of them
+        total = (record.timings or {}).get("images_per_second")
+        per_rank = None if total is None else round(total / ctx.dist.world_size, 1)
+        record.distributed = {"world_size": ctx.dist.world_size, "backend": ctx.dist.backend,
+                              "images_per_second_per_rank": per_rank}  # fmt: skip
+    record.retrieval = retrieval_record(ctx.protocol, result.pair_scores)

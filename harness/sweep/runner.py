@@ -13,19 +13,19 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import torch
 
-from harness.core import METHODS, MethodSpec, Protocol, TrainingFailed, current, resolve_device
-from harness.data import decoded_by, prepare_data
-from harness.evaluate import evaluate, retrieval_record
+from harness.core import METHODS, RunContext, TrainingFailed, current
+from harness.data import LabelledImages, Split, decoded_by, prepare_data
+from harness.evaluate import Evaluation, evaluate
 from harness.records import RunResult, result_path, write_result
 from harness.sweep.identity import checkpoint_identity
 from harness.sweep.policy import checkpoint_path, decide
-from harness.sweep.record import Writer, _describe_run, _record_outcome, _stop, new_result
-from harness.sweep.spec import RunSpec, resolve, resolve_all
-from harness.train import train_model
+from harness.sweep.record import Writer, _describe_run, _stop, new_result, record_outcome
+from harness.sweep.spec import RunSpec, resolve, resolve_all, run_context
+from harness.train import Checkpoint, EpochHooks, Model, train_model
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +38,18 @@ def execute(
     Under torchrun, rank 0 decides (skip, lock, archive) and the other ranks follow it: they
     train their shard of every batch, and rank 0 alone evaluates and writes."""
     spec = resolve(spec)
-    protocol = spec.parsed_protocol
-    method_spec = METHODS.get(spec.method)
-    hyper = spec.hyperparameters
     if not current().is_main:
-        path = result_path(Path(spec.results_dir), protocol.name, spec.run_name, spec.seed)
+        path = result_path(Path(spec.results_dir), spec.parsed_protocol.name, spec.run_name,
+                           spec.seed)  # fmt: skip
         if _agree("") != "run":
             return "skipped", path
-        record = new_result(spec, method_spec)
-        return _execute(spec, protocol, method_spec, hyper, record, path, False, None)
+        return execute_run(spec, new_result(spec, METHODS.get(spec.method)), path)
     with ExitStack() as locks:
         status, path, record = decide(spec, locks)
         if status is not None:
             return _agree(status), path
         _agree("run")
-        return _execute(spec, protocol, method_spec, hyper, record, path, progress, on_epoch_end)
+        return execute_run(spec, record, path, progress=progress, on_epoch_end=on_epoch_end)
 
 
 def _agree(decision: str) -> str:
@@ -64,83 +61,73 @@ def _agree(decision: str) -> str:
     return box[0]
 
 
-def _execute(
+def execute_run(
     spec: RunSpec,
-    protocol: Protocol,
-    method_spec: MethodSpec,
-    hyper: dict[str, Any],
     record: RunResult,
     path: Path,
-    progress: bool,
-    on_epoch_end: Callable[[int], None] | None,
+    *,
+    progress: bool = False,
+    on_epoch_end: Callable[[int], None] | None = None,
     write: Writer = write_result,
 ) -> tuple[str, Path]:
-    """Train and evaluate one run and hand its record to `write` (the result file, or, on a
-    Ray worker, the driver, which owns the results folder)."""
-    results_dir = Path(spec.results_dir)
-    device = resolve_device(spec.device)
-    prepared = prepare_data(protocol, spec.data_root)
-    data, split = decoded_by(prepared.data, spec.decoder, device, protocol), prepared.split
-    _describe_run(record, protocol, data, split, device)
+    """Train and evaluate one resolved run and hand its record to `write` (the result file,
+    or, on a Ray worker, the driver, which owns the results folder); returns (status, path)."""
+    ctx = run_context(spec, progress)
+    data, split = _data(ctx)
+    _describe_run(record, ctx.protocol, data, split, ctx.device)
     log.debug("%s seed %d: protocol %s v%d from %s (hash %s), hyperparameters %s, device %s",
-              spec.method, spec.seed, protocol.name, protocol.version, protocol.path,
-              protocol.hash, hyper, device)  # fmt: skip
-    if method_spec.needs_coarse_labels and not data.has_coarse:
-        if not current().is_main:
+              spec.method, spec.seed, ctx.protocol.name, ctx.protocol.version,
+              ctx.protocol.path, ctx.protocol.hash, spec.hyperparameters, ctx.device)  # fmt: skip
+    if METHODS.get(spec.method).needs_coarse_labels and not data.has_coarse:
+        if not ctx.dist.is_main:
             return "not_applicable", path
-        return _stop(record, path, "not_applicable",
-                     f"{spec.method} needs coarse labels; {protocol.dataset.name} has none",
-                     write)  # fmt: skip
-
-    ckpt = checkpoint_path(results_dir, protocol.name, spec.run_name, spec.seed)
-    identity = checkpoint_identity(record, spec.seed, spec.max_steps, spec.decoder)
+        return _stop(record, path, "not_applicable", f"{spec.method} needs coarse labels; "
+                     f"{ctx.protocol.dataset.name} has none", write)  # fmt: skip
+    checkpoint = Checkpoint(
+        checkpoint_path(ctx.results_dir, ctx.protocol.name, spec.run_name, spec.seed),
+        checkpoint_identity(record, spec.seed, spec.max_steps, spec.decoder),
+    )
     try:
-        model, stats = train_model(
-            protocol, spec.method, hyper, spec.seed, device, data, split.train,
-            split.validation, max_steps=spec.max_steps, progress=progress, checkpoint=ckpt,
-            identity=identity, on_epoch_end=on_epoch_end, weights=spec.weights,
-            workers=spec.workers, compile=spec.compile,
-        )  # fmt: skip
-    except TrainingFailed as exc:
-        if not current().is_main:
+        model, stats = train_model(ctx, spec.method, spec.hyperparameters, data, split.train,
+                                   split.validation, checkpoint=checkpoint,
+                                   hooks=EpochHooks(on_epoch_end=on_epoch_end))  # fmt: skip
+        if not ctx.dist.is_main:  # rank 0 evaluates and writes
+            return "ok", path
+        result, query = _evaluate(ctx, model, data, split)
+    except TrainingFailed as exc:  # also NaN test embeddings: this run failed, the sweep goes on
+        if not ctx.dist.is_main:
             return "failed", path
         stopped = _stop(record, path, "failed", str(exc), write)
-        ckpt.unlink(missing_ok=True)
+        checkpoint.path.unlink(missing_ok=True)
         return stopped
-    here = current()
-    if not here.is_main:  # rank 0 evaluates and writes
-        return "ok", path
-    backbone, method = model.backbone, model.method
-    query = split.query if len(split.gallery) else split.test  # In-shop: official query/gallery
+    if model.method.diagnostics is not None:  # the method's own numbers on the test embeddings
+        record.diagnostics = model.method.diagnostics(
+            result.embeddings, torch.as_tensor(data.labels[query])
+        )
+    record_outcome(record, ctx, stats, result)
+    write(path, record)
+    checkpoint.path.unlink(missing_ok=True)
+    return "ok", path
+
+
+def _data(ctx: RunContext) -> tuple[LabelledImages, Split]:
+    """The protocol's data (its image files decoded by the run's decoder) and split."""
+    prepared = prepare_data(ctx.protocol, ctx.data_root)
+    return decoded_by(prepared.data, ctx.decoder, ctx.device, ctx.protocol), prepared.split
+
+
+def _evaluate(
+    ctx: RunContext, model: Model, data: LabelledImages, split: Split
+) -> tuple[Evaluation, np.ndarray]:
+    """The test split's evaluation (In-shop: its official queries against its gallery), and
+    the indices of the items evaluated as queries."""
+    query = split.query if len(split.gallery) else split.test
     gallery = (
         (data.images[split.gallery], data.labels[split.gallery]) if len(split.gallery) else None
     )
-    try:
-        result = evaluate(backbone, method, data.images[query], data.labels[query], protocol,
-                          device, spec.seed, gallery=gallery)  # fmt: skip
-    except TrainingFailed as exc:  # e.g. NaN embeddings: this run failed, the sweep goes on
-        stopped = _stop(record, path, "failed", str(exc), write)
-        ckpt.unlink(missing_ok=True)
-        return stopped
-    if result.distances:
-        record.distances = result.distances
-    record.bootstrap = result.bootstrap or None
-    record.clustering_convention = result.clustering
-    if method.diagnostics is not None:  # the method's own numbers on the test embeddings
-        record.diagnostics = method.diagnostics(
-            result.embeddings, torch.as_tensor(data.labels[query])
-        )
-    _record_outcome(record, stats, protocol.evaluation.select_by, result.metrics, result.by_part,
-                    result.timings)  # fmt: skip
-    if here.active:  # the step counts whole batches; each rank embedded 1/world_size of them
-        total = (record.timings or {}).get("images_per_second")
-        per_rank = None if total is None else round(total / here.world_size, 1)
-        record.distributed = {"world_size": here.world_size, "backend": here.backend,
-                              "images_per_second_per_rank": per_rank}  # fmt: skip
-    record.retrieval = retrieval_record(protocol, result.pair_scores)
-    write(path, record)
-    ckpt.unlink(missing_ok=True)
-    return "ok", path
+    result = evaluate(ctx, model.backbone, model.method, data.images[query], data.labels[query],
+                      gallery)  # fmt: skip
+    return result, query
 
 
 def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:

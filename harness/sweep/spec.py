@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core import METHODS, HarnessError, Protocol, load_protocol, protocol_hyperparameters
+from harness.core import (
+    METHODS,
+    HarnessError,
+    Protocol,
+    RunContext,
+    load_protocol,
+    protocol_hyperparameters,
+    resolve_device,
+)
 from harness.records import read_result, result_path
 from harness.sweep.identity import refuse_to_replace
 from harness.sweep.preflight import check_protocol
@@ -135,3 +143,14 @@ def plan(
 
 
 TUNED_SUFFIX = "+tuned"
+
+
+def run_context(spec: RunSpec, progress: bool = False) -> RunContext:
+    """What every stage of a resolved spec's run reads: its protocol, seed and device, the
+    process group it joined under torchrun, and its options."""
+    return RunContext(
+        protocol=spec.parsed_protocol, seed=spec.seed, device=resolve_device(spec.device),
+        results_dir=Path(spec.results_dir), max_steps=spec.max_steps, workers=spec.workers,
+        compile=spec.compile, progress=progress, weights=spec.weights, data_root=spec.data_root,
+        decoder=spec.decoder,
+    )  # fmt: skip

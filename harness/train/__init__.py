@@ -14,10 +14,12 @@ from harness.train.fit import train_model
 from harness.train.loop import (
     LOSS_READBACK_STEPS,
     MAX_EMPTY_STEPS,
+    EpochHooks,
     check_compile,
     compiled,
     total_steps,
     train,
+    train_augmentation,
 )
 from harness.train.model import (
     Model,
@@ -27,6 +29,7 @@ from harness.train.model import (
     seed_everything,
 )
 from harness.train.state import (
+    Checkpoint,
     TrainingState,
     TrainStats,
     load_checkpoint,
@@ -36,6 +39,7 @@ from harness.train.state import (
 )
 from harness.train.step import (
     StepResult,
+    TrainingSet,
     TrainingStep,
     detach_outputs,
     parameter_groups,
@@ -43,6 +47,10 @@ from harness.train.step import (
 )
 
 __all__ = [
+    "Checkpoint",
+    "EpochHooks",
+    "TrainingSet",
+    "train_augmentation",
     "LOSS_READBACK_STEPS",
     "MAX_EMPTY_STEPS",
     "Model",

@@ -10,25 +10,25 @@ log, callback) lives in named functions of `_Session`, this call's unsaved bookk
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from harness.backbones import Backbone
-from harness.core import HarnessError, Method, Protocol, TrainingFailed, current
+from harness.core import HarnessError, Protocol, RunContext, TrainingFailed
 from harness.data import Feeder, TrainPipeline, default_workers, worker_death
 from harness.train.distributed import check_same_step, convert_batchnorm
-from harness.train.state import TrainingState, TrainStats, lr_factor
-from harness.train.step import StepResult, TrainingStep
+from harness.train.model import Model
+from harness.train.state import Checkpoint, TrainingState, TrainStats, lr_factor
+from harness.train.step import StepResult, TrainingSet, TrainingStep
 
 log = logging.getLogger(__name__)
 
@@ -193,24 +193,38 @@ def total_steps(protocol: Protocol, per_epoch: int, max_steps: int | None) -> in
     return total if max_steps is None else min(total, max_steps)
 
 
+@dataclass(frozen=True)
+class EpochHooks:
+    """What a caller hears at each epoch end: the validation score (tuning's pruner reads
+    it, and may stop the trial by raising) and the number of the epoch just finished (a Ray
+    worker reports it to the driver)."""
+
+    on_validation: Callable[[float], None] | None = None
+    on_epoch_end: Callable[[int], None] | None = None
+
+
+NO_HOOKS = EpochHooks()
+
+
 def _end_epoch(
     session: _Session,
     step: int,
-    checkpoint: Path | None,
-    identity: str,
+    checkpoint: Checkpoint | None,
     validate: Callable[[], float] | None,
-    on_epoch_end: Callable[[int], None] | None,
+    hooks: EpochHooks,
 ) -> None:
-    """Epoch end: statistics, validation and selection, log, checkpoint, callback."""
+    """Epoch end: statistics, validation and selection, log, checkpoint, callbacks."""
     seconds = session.close_epoch()
     if validate is not None:
         session.validate(validate)
+        if hooks.on_validation is not None:
+            hooks.on_validation(session.state.stats.validation[-1])
     session.log_epoch(step, seconds)
     last = step >= session.total - 1  # the last one is never resumed; rank 0 writes for all
-    if checkpoint is not None and not last and current().is_main:
-        session.state.save(checkpoint, identity)
-    if on_epoch_end is not None:
-        on_epoch_end(len(session.state.stats.epoch_loss))
+    if checkpoint is not None and not last and session.step.dist.is_main:
+        session.state.save(checkpoint)
+    if hooks.on_epoch_end is not None:
+        hooks.on_epoch_end(len(session.state.stats.epoch_loss))
     session.next_epoch()
 
 
@@ -229,68 +243,38 @@ def _batches(
 
 
 def train(
-    backbone: Backbone,
-    method: Method,
-    images: torch.Tensor,
-    labels: np.ndarray,
-    coarse_labels: np.ndarray | None,
-    protocol: Protocol,
-    seed: int,
-    device: torch.device,
+    ctx: RunContext,
+    model: Model,
+    data: TrainingSet,
     *,
-    max_steps: int | None = None,
-    progress: bool = True,
-    checkpoint: Path | None = None,
-    identity: str = "",
-    on_epoch_end: Callable[[int], None] | None = None,
+    checkpoint: Checkpoint | None = None,
     validate: Callable[[], float] | None = None,
-    workers: int | None = None,
-    compile: bool = False,
+    hooks: EpochHooks = NO_HOOKS,
 ) -> TrainStats:
-    """Train backbone + method in place on the training split under the protocol's budget.
+    """Train the model in place on `data` under the protocol's budget (capped by the context's
+    max_steps).
 
-    labels are contiguous training-class ids; images are uint8 [N, C, L, L] at the protocol's
-    load size. With `checkpoint`, the state is saved there after every epoch and, if a
-    checkpoint of the same `identity` exists, training resumes from it. With `validate` (the
-    selection metric on the validation split, higher is better), it is called after every
-    epoch and the best epoch's weights are the ones left in the modules at the end. The
-    protocol's train augmentation is applied to every batch; `workers` processes prepare the
-    batches (None: harness.data.pipeline.default_workers). With `compile`, the training step runs
-    the backbone through torch.compile (checkpoints and weights stay the module's own).
+    With `checkpoint`, the state is saved there after every epoch and, if a checkpoint of the
+    same identity exists, training resumes from it. With `validate` (the selection metric on
+    the validation split, higher is better), it is called after every epoch and the best
+    epoch's weights are the ones left in the modules at the end. The protocol's train
+    augmentation is applied to every batch; the context's `workers` processes prepare the
+    batches (None: harness.data.pipeline.default_workers). With the context's `compile`, the
+    training step runs the backbone through torch.compile (checkpoints and weights stay the
+    module's own).
     """
-    if not method.trains:
+    if not model.method.trains:
         return TrainStats()
-    dist = current()  # under torchrun: this rank's shard of every batch
-    if dist.world_size > 1:  # batch statistics over the whole batch, before the optimizer
-        convert_batchnorm(backbone)
-        convert_batchnorm(method.head)
-    state = TrainingState(backbone, method, labels, protocol, seed, device)
-    total = total_steps(protocol, state.sampler.batches_per_epoch, max_steps)
-    if state.resume(checkpoint, identity):
-        log.info("resuming from %s at step %d/%d", checkpoint, state.stats.steps, total)
-    if dist.world_size > 1:
-        check_same_step(state.stats.steps, device)
-    augment = (
-        TrainPipeline(protocol.augmentation.train, seed) if protocol.augmentation.train else None
-    )
-    state.stats.compiled = compile
-    step = TrainingStep(compiled(backbone, device) if compile else backbone, method,
-                        state.optimizer, images, labels, coarse_labels, device,
-                        dist=dist, augment=augment, precision=protocol.precision,
-                        scaler=state.scaler)  # fmt: skip
-    state.stats.data_workers = default_workers(images, augment) if workers is None else workers
-    state.stats.decoder = getattr(images, "decoder", None)
-    feeder = Feeder(images, augment, state.stats.data_workers, device.type == "cuda", dist)
-    session = _Session(state, step, feeder, protocol, total, progress)
-    state.modules.train()
+    session = _start(ctx, model, data, checkpoint)
+    session.state.modules.train()
     try:
-        for n, idx, batch in _batches(state, feeder, total):
+        for n, idx, batch in _batches(session.state, session.feeder, session.total):
             session.train_step(n, idx, batch)
             epoch_end = session.is_epoch_end(n)
             if epoch_end or len(session.pending) >= LOSS_READBACK_STEPS:
                 session.read_back(n)
             if epoch_end:
-                _end_epoch(session, n, checkpoint, identity, validate, on_epoch_end)
+                _end_epoch(session, n, checkpoint, validate, hooks)
         session.record_times()  # before the workers stop: their shutdown is not training
     except TrainingFailed:
         raise
@@ -302,6 +286,39 @@ def train(
         raise
     finally:
         session.bar.close()
-        feeder.close()
-    state.restore_best()
-    return state.stats
+        session.feeder.close()
+    session.state.restore_best()
+    return session.state.stats
+
+
+def train_augmentation(ctx: RunContext) -> TrainPipeline | None:
+    """The protocol's train augmentation for this run's seed (None when it has none)."""
+    ops = ctx.protocol.augmentation.train
+    return TrainPipeline(ops, ctx.seed) if ops else None
+
+
+def _start(
+    ctx: RunContext, model: Model, data: TrainingSet, checkpoint: Checkpoint | None
+) -> _Session:
+    """The run's state (resumed from its checkpoint when there is one of this very run), its
+    training step and the feeder of its batches. Under torchrun each rank trains its shard of
+    every batch, with batch statistics over the whole batch."""
+    if ctx.dist.world_size > 1:  # before the optimizer is made
+        convert_batchnorm(model.backbone)
+        convert_batchnorm(model.method.head)
+    state = TrainingState(model, data.labels, ctx)
+    total = total_steps(ctx.protocol, state.sampler.batches_per_epoch, ctx.max_steps)
+    if checkpoint is not None and state.resume(checkpoint):
+        log.info("resuming from %s at step %d/%d", checkpoint.path, state.stats.steps, total)
+    if ctx.dist.world_size > 1:
+        check_same_step(state.stats.steps, ctx.device)
+    augment = train_augmentation(ctx)
+    state.stats.compiled = ctx.compile
+    if ctx.compile:
+        model = dataclasses.replace(model, backbone=compiled(model.backbone, ctx.device))
+    step = TrainingStep(model, state.optimizer, data, ctx, augment=augment, scaler=state.scaler)
+    workers = default_workers(data.images, augment) if ctx.workers is None else ctx.workers
+    state.stats.data_workers = workers
+    state.stats.decoder = getattr(data.images, "decoder", None)
+    feeder = Feeder(data.images, augment, workers, ctx.device.type == "cuda", ctx.dist)
+    return _Session(state, step, feeder, ctx.protocol, total, ctx.progress)

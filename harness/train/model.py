@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from harness.backbones import Backbone, build_backbone
-from harness.core import METHODS, Method, MethodContext, Protocol
+from harness.core import METHODS, Method, MethodContext, RunContext
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Model:
 
     backbone: Backbone
     method: Method
-    context: MethodContext
+    context: MethodContext | None = None  # None: a model put together by hand (tests, cost)
 
 
 def seed_everything(seed: int) -> None:
@@ -50,43 +50,36 @@ def build_method(
     return method
 
 
-def build_seeded_backbone(
-    protocol: Protocol, seed: int, device: torch.device, in_channels: int,
-    weights: str | None = None,
-) -> Backbone:  # fmt: skip
-    """Seed (see seed_everything), then the protocol's backbone on the device; `weights`: a
-    local ImageNet weights file that overrides the protocol's backbone.weights_file."""
-    seed_everything(seed)  # the same backbone initialisation for every method
-    spec = protocol.backbone
-    if weights:
-        spec = dataclasses.replace(spec, weights_file=weights)
-    return build_backbone(spec, in_channels).to(device)
+def build_seeded_backbone(ctx: RunContext, in_channels: int) -> Backbone:
+    """Seed (see seed_everything), then the protocol's backbone on the run's device; the
+    context's `weights` (a local ImageNet weights file) overrides backbone.weights_file."""
+    seed_everything(ctx.seed)  # the same backbone initialisation for every method
+    spec = ctx.protocol.backbone
+    if ctx.weights:
+        spec = dataclasses.replace(spec, weights_file=ctx.weights)
+    return build_backbone(spec, in_channels).to(ctx.device)
 
 
 def build_model(
-    protocol: Protocol,
+    ctx: RunContext,
     method_name: str,
     hyperparameters: dict[str, Any],
-    seed: int,
-    device: torch.device,
     *,
     in_channels: int,
     num_classes: int,
     num_coarse_classes: int | None,
-    weights: str | None = None,
 ) -> Model:
     """Seed, then the protocol's backbone on the device, then the method for it.
 
     in_channels: image channels; num_classes: training classes (a classifier head's rows);
-    num_coarse_classes: the dataset's coarse classes, None if it has none; weights: a local
-    ImageNet weights file that overrides the protocol's backbone.weights_file.
+    num_coarse_classes: the dataset's coarse classes, None if it has none.
     """
-    backbone = build_seeded_backbone(protocol, seed, device, in_channels, weights)
+    backbone = build_seeded_backbone(ctx, in_channels)
     context = MethodContext(
         stage_dims=tuple(backbone.stage_dims),
-        embedding_dim=protocol.embedding_dim,
+        embedding_dim=ctx.protocol.embedding_dim,
         num_classes=num_classes,
         num_coarse_classes=num_coarse_classes,
     )
-    method = build_method(method_name, context, hyperparameters, device)
+    method = build_method(method_name, context, hyperparameters, ctx.device)
     return Model(backbone, method, context)

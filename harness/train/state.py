@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.backbones import Backbone
-from harness.core import Method, Protocol, grad_scaler
+from harness.core import Protocol, RunContext, grad_scaler
 from harness.data import PKSampler
+from harness.train.model import Model
 from harness.train.step import parameter_groups, trainable_modules
 
 log = logging.getLogger(__name__)
@@ -134,26 +134,27 @@ def load_checkpoint(path: Path | None, identity: str) -> dict[str, Any] | None:
     return state
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a run's state is saved at every epoch end, and whose state it is: a checkpoint of
+    another identity (another configuration of the run) is kept aside, never resumed."""
+
+    path: Path
+    identity: str
+
+
 class TrainingState:
     """Everything an interrupted run needs to go on exactly where it stopped: the modules,
     the optimizer, the sampler (its RNG included), the torch RNG, the statistics so far and
     the best epoch's weights. It saves, loads and resumes itself."""
 
-    def __init__(
-        self,
-        backbone: Backbone,
-        method: Method,
-        labels: np.ndarray,
-        protocol: Protocol,
-        seed: int,
-        device: torch.device,
-    ) -> None:
-        spec = protocol.sampler
-        self.sampler = PKSampler(labels, spec.classes_per_batch, spec.images_per_class, seed)
-        self.modules = trainable_modules(backbone, method)
-        self.optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
-        self.scaler = grad_scaler(device, protocol.precision)  # fp16 only
-        self.device = device
+    def __init__(self, model: Model, labels: np.ndarray, ctx: RunContext) -> None:
+        protocol, spec = ctx.protocol, ctx.protocol.sampler
+        self.sampler = PKSampler(labels, spec.classes_per_batch, spec.images_per_class, ctx.seed)
+        self.modules = trainable_modules(model.backbone, model.method)
+        self.optimizer = make_optimizer(parameter_groups(model.backbone, model.method), protocol)
+        self.scaler = grad_scaler(ctx.device, protocol.precision)  # fp16 only
+        self.device = ctx.device
         self.stats = TrainStats()
         self.best_state: dict[str, Any] | None = None
 
@@ -183,12 +184,12 @@ class TrainingState:
         self.stats = TrainStats(**state["stats"])
         self.best_state = state.get("best_state")
 
-    def save(self, path: Path, identity: str) -> None:
-        save_checkpoint(path, self.state_dict(identity))
+    def save(self, checkpoint: Checkpoint) -> None:
+        save_checkpoint(checkpoint.path, self.state_dict(checkpoint.identity))
 
-    def resume(self, path: Path | None, identity: str) -> bool:
-        """Load the checkpoint at `path` if it is this run's (same identity); True if so."""
-        state = load_checkpoint(path, identity)
+    def resume(self, checkpoint: Checkpoint) -> bool:
+        """Load the checkpoint if it is this run's (same identity); True if so."""
+        state = load_checkpoint(checkpoint.path, checkpoint.identity)
         if state is None:
             return False
         self.load_state_dict(state)

@@ -17,20 +17,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.backbones import Backbone
 from harness.core import (
-    SINGLE,
     Batch,
-    Dist,
     Embedded,
     Method,
     Mined,
     PhaseTimer,
+    RunContext,
     autocast,
     to_float32,
 )
 from harness.data import Augment, load_batch
 from harness.train.distributed import average_gradients, gather_embedded
+from harness.train.model import Model
 
 
 @dataclass
@@ -43,6 +42,17 @@ class StepResult:
     trained: bool  # False: an empty step (no gradient, or the miner found no tuples)
     images: int  # the whole batch (under torchrun: all ranks' shards together)
     tuples: int = 0  # mined.count(), counted once per step
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """What a run trains on: uint8 images [N, C, S, S] (a tensor, or a LazyImages that decodes
+    files batch by batch) at the protocol's load size, their contiguous training-class ids
+    (0 .. classes - 1) and the dataset's coarse ids (None when it has none)."""
+
+    images: Any
+    labels: np.ndarray
+    coarse_labels: np.ndarray | None = None
 
 
 def trainable_modules(backbone: nn.Module, method: Method) -> nn.ModuleList:
@@ -90,44 +100,43 @@ def detach_outputs(
 class TrainingStep:
     """One optimisation step on a batch of training-set indices.
 
-    images: uint8 [N, C, S, S] training images (on any device; each batch is moved);
-    labels: contiguous training-class ids [N]; coarse_labels: the dataset's coarse ids or None.
+    The model trains on `data` (its images on any device: each batch is moved) at the run
+    context's device, precision and place among torchrun's ranks; `augment` is the protocol's
+    train augmentation (None: none), `scaler` fp16's loss scaler.
     With `split_backward`, the backward is split at the head's outputs, so the "loss" phase
     holds the loss's forward and its own backward (the same gradients reach the parameters);
     the cost command uses it to report what mining + loss cost within a whole step.
-    `backbone` may be torch.compile's wrapper of the module (`run --compile`, see
+    The model's backbone may be torch.compile's wrapper of the module (`run --compile`, see
     harness.train.compiled): the step only calls it and its `prepare`, and the wrapper's
     parameters are the module's own.
     """
 
     def __init__(
         self,
-        backbone: Backbone,
-        method: Method,
+        model: Model,
         optimizer: torch.optim.Optimizer,
-        images: torch.Tensor,
-        labels: np.ndarray,
-        coarse_labels: np.ndarray | None,
-        device: torch.device,
+        data: TrainingSet,
+        ctx: RunContext,
+        *,
+        augment: Augment | None = None,
+        scaler: torch.amp.GradScaler | None = None,
         timer: PhaseTimer | None = None,
         split_backward: bool = False,
-        dist: Dist = SINGLE,
-        augment: Augment | None = None,
-        precision: str = "fp32",
-        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
-        self.backbone, self.method, self.optimizer = backbone, method, optimizer
-        self.images, self.device = images, device
-        self.labels = torch.as_tensor(labels, device=device)
+        self.backbone, self.method, self.optimizer = model.backbone, model.method, optimizer
+        self.images, self.device = data.images, ctx.device
+        self.labels = torch.as_tensor(data.labels, device=ctx.device)
         self.coarse = (
-            None if coarse_labels is None else torch.as_tensor(coarse_labels, device=device)
+            None
+            if data.coarse_labels is None
+            else torch.as_tensor(data.coarse_labels, device=ctx.device)
         )
-        self.timer = timer if timer is not None else PhaseTimer(device)
+        self.timer = timer if timer is not None else PhaseTimer(ctx.device)
         self.split_backward = split_backward
-        self.dist = dist
+        self.dist = ctx.dist
         self.augment = augment
-        self.precision, self.scaler = precision, scaler
-        self.params = [p for p in trainable_modules(backbone, method).parameters()]
+        self.precision, self.scaler = ctx.precision, scaler
+        self.params = [p for p in trainable_modules(self.backbone, self.method).parameters()]
 
     def batch(
         self, idx: torch.Tensor, images: torch.Tensor | None = None, step: int = 0

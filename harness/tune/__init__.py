@@ -3,6 +3,7 @@ Check", 2020): Optuna studies (`study`), one trial's training on class folds (`t
 best configuration written where `run --tuned` reads it (`overlay`), trials as Ray tasks
 (`ray`). The test split is never embedded."""
 
+from harness.tune.options import TuneOptions
 from harness.tune.overlay import OVERLAY_SCHEMA, study_figure, write_overlay
 from harness.tune.study import (
     default_storage,
@@ -17,6 +18,7 @@ __all__ = [
     "OVERLAY_SCHEMA",
     "PRUNER",
     "Trainer",
+    "TuneOptions",
     "class_folds",
     "default_storage",
     "needs_validation",

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from harness.core import HarnessError, Protocol
+from harness.core import HarnessError, MethodSpec, Protocol
 from harness.sweep import overlay_path
+from harness.tune.options import TuneOptions
 from harness.tune.trial import PRUNER
 
 OVERLAY_SCHEMA = 1
@@ -20,17 +21,16 @@ OVERLAY_SCHEMA = 1
 def write_overlay(
     study: Any,
     protocol: Protocol,
-    method: str,
-    version: int,
+    spec: MethodSpec,
     base: dict[str, Any],
-    folds: int,
-    storage: str,
-    results_dir: str | Path,
-    max_steps: int | None = None,
+    options: TuneOptions,
 ) -> Path:
     """The study's best configuration as a protocol overlay, and its figure (a capped study's
-    overlay says so, and `run --tuned` refuses it)."""
+    overlay says so, and `run --tuned` refuses it). `base`: the method's hyperparameters
+    under the protocol; `options`: the study's, its storage resolved."""
     import optuna
+
+    method, folds, max_steps = spec.name, options.folds, options.max_steps
 
     COMPLETE, PRUNED = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED  # noqa: N806
     states = study.get_trials(deepcopy=False)
@@ -38,17 +38,18 @@ def write_overlay(
     if not complete:
         raise HarnessError(f"the {method} study has no complete trial yet; run tune again")
     best = max(complete, key=lambda t: t.value)
-    path = overlay_path(results_dir, protocol.name, method, max_steps)
+    path = overlay_path(options.results_dir, protocol.name, method, max_steps)
     figure = path.with_suffix(".png")
     title = f"{method} on {protocol.name}: {protocol.evaluation.select_by}"
     study_figure([t for t in states if t.state in (COMPLETE, PRUNED)], figure, title)
     record = {
         "schema": OVERLAY_SCHEMA,
         "protocol": protocol.name, "protocol_version": protocol.version,
-        "protocol_hash": protocol.hash, "method": method, "method_version": version,
+        "protocol_hash": protocol.hash, "method": method, "method_version": spec.version,
         "hyperparameters": {**base, **best.params},
         "study": {
-            "name": study.study_name, "storage": _recorded_storage(storage, results_dir),
+            "name": study.study_name,
+            "storage": _recorded_storage(str(options.storage), options.results_dir),
             "folds": folds,
             "objective": f"{protocol.evaluation.select_by} on validation classes (best epoch"
                          f"{', mean over folds' if folds > 1 else ''})",

@@ -12,13 +12,15 @@ trials in flight as failed (not counted), as the local engine does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from harness.core import load_methods
 from harness.sweep import TASK_RETRIES, import_ray, start_ray
-from harness.tune.trial import Trainer, run_trial, suggest
+from harness.tune.options import TuneOptions
+from harness.tune.trial import Trainer, run_trial
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +43,21 @@ def trial_task(
 
 
 def optimize_on_ray(
-    study: Any, storage: str, trainer: Trainer, base: dict, search: dict, trials: int,
-    address: str | None, cpus: int, gpus: float,
-) -> None:  # fmt: skip
-    """Run `study` to `trials` finished (complete or pruned) trials as Ray tasks."""
+    study: Any,
+    trainer: Trainer,
+    propose: Callable[[Any], dict[str, Any]],
+    trials: int,
+    options: TuneOptions,
+) -> None:
+    """Run `study` to `trials` finished (complete or pruned) trials as Ray tasks, each
+    trial's hyperparameters from `propose(trial)`, at options.address with
+    options.cpus_per_trial CPUs and options.gpus_per_trial GPUs per trial."""
     import optuna
 
+    storage, cpus, gpus = str(options.storage), options.cpus_per_trial, options.gpus_per_trial
+
     ray = import_ray()
-    started = start_ray(ray, address)
+    started = start_ray(ray, options.address)
     task = ray.remote(trial_task).options(num_cpus=cpus, num_gpus=gpus,
                                           max_retries=TASK_RETRIES, retry_exceptions=False)  # fmt: skip
     state = optuna.trial.TrialState
@@ -59,7 +68,7 @@ def optimize_on_ray(
             done = len(study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED)))
             while done + len(in_flight) < trials and len(in_flight) < slots:
                 trial = study.ask()
-                hyper = suggest(trial, base, search)
+                hyper = propose(trial)
                 ref = task.remote(trainer, study.study_name, storage, trial._trial_id, hyper, cpus)
                 in_flight[ref] = trial
             if not in_flight:

@@ -20,16 +20,27 @@ is never embedded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
 from typing import Any
 
-from harness.core import METHODS, HarnessError, Protocol, load_protocol, protocol_hyperparameters
+from harness.core import (
+    METHODS,
+    HarnessError,
+    MethodSpec,
+    Protocol,
+    load_protocol,
+    protocol_hyperparameters,
+)
 from harness.sweep import check_protocol, import_ray, tuning_dir
+from harness.tune.options import TuneOptions
 from harness.tune.overlay import write_overlay
 from harness.tune.ray import optimize_on_ray
-from harness.tune.trial import PRUNER, Trainer, objective
+from harness.tune.trial import PRUNER, Trainer, objective, suggest
+
+DEFAULT = TuneOptions()
 
 log = logging.getLogger(__name__)
 
@@ -48,62 +59,48 @@ def needs_validation(protocol: Protocol) -> None:
 
 
 def tune_method(
-    protocol: Protocol,
-    method: str,
-    trials: int,
-    *,
-    folds: int = 1,
-    storage: str | None = None,
-    results_dir: str | Path = "results",
-    sampler_seed: int = 0,
-    data_root: str | None = None,
-    device: str = "auto",
-    max_steps: int | None = None,
-    progress: bool = False,
-    engine: str = "local",
-    address: str | None = None,
-    cpus_per_trial: int = 1,
-    gpus_per_trial: float = 0.0,
+    protocol: Protocol, method: str, trials: int, options: TuneOptions = DEFAULT
 ) -> Path:
     """Run (or resume) one method's study to `trials` finished trials (here, or as Ray tasks
-    with engine="ray"); write its overlay and figure, and return the overlay's path."""
+    with options.engine "ray"); write its overlay and figure, and return the overlay's path."""
     import optuna
 
     needs_validation(protocol)
     spec = METHODS.get(method)
     base = protocol_hyperparameters(protocol, method)
-    storage = storage or default_storage(results_dir, protocol.name)
-    study = open_study(protocol, method, spec.version, folds, storage, sampler_seed, max_steps)
+    storage = options.storage or default_storage(options.results_dir, protocol.name)
+    options = dataclasses.replace(options, storage=storage)
+    study = open_study(protocol, spec, options)
     if not study.trials and spec.search:  # the paper's configuration is always tried
         study.enqueue_trial({k: base[k] for k in spec.search})
-    trainer = Trainer(protocol, method, folds, data_root, device, max_steps)
+    trainer = Trainer(protocol, method, options.folds, options.data_root, options.device,
+                      options.max_steps)  # fmt: skip
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = len(study.get_trials(deepcopy=False, states=finished))
     if done < trials:
         log.info("%s: %d of %d trials done; running %d", method, done, trials, trials - done)
-    if engine == "ray" and done < trials:
-        optimize_on_ray(study, storage, trainer, base, spec.search, trials, address,
-                        cpus_per_trial, gpus_per_trial)  # fmt: skip
+    if options.engine == "ray" and done < trials:
+        optimize_on_ray(study, trainer, lambda trial: suggest(trial, base, spec.search), trials,
+                        options)  # fmt: skip
     elif done < trials:
         study.optimize(objective(trainer, base, spec.search), n_trials=trials - done, catch=(),
-                       show_progress_bar=progress,
+                       show_progress_bar=options.progress,
                        callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
-    return write_overlay(study, protocol, method, spec.version, base, folds, storage, results_dir,
-                         max_steps)  # fmt: skip
+    return write_overlay(study, protocol, spec, base, options)
 
 
-def open_study(
-    protocol: Protocol, method: str, version: int, folds: int, storage: str, sampler_seed: int,
-    max_steps: int | None = None,
-) -> Any:  # fmt: skip
-    """The method's study in `storage` (created or loaded), with its seeded TPE sampler; a
-    study of capped trials (--max-steps) is another study, never resumed as a full one."""
+def open_study(protocol: Protocol, spec: MethodSpec, options: TuneOptions) -> Any:
+    """The method's study in options.storage (created or loaded), with its seeded TPE
+    sampler; a study of capped trials (--max-steps) is another study, never resumed as a full
+    one."""
     import optuna
+
+    storage, max_steps = str(options.storage), options.max_steps
 
     if storage.startswith("sqlite:///"):
         Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = f"{protocol.name}@{protocol.hash}/{method}@v{version}/folds{folds}"
+    name = f"{protocol.name}@{protocol.hash}/{spec.name}@v{spec.version}/folds{options.folds}"
     if max_steps:
         name += f"/max_steps{max_steps}"
     study = optuna.create_study(
@@ -112,17 +109,19 @@ def open_study(
     )  # fmt: skip
     # seeded, and seeded anew on a resume (a sampler restarted with the first seed would
     # propose the trials it already proposed again)
-    study.sampler = optuna.samplers.TPESampler(seed=sampler_seed + len(study.trials))
+    study.sampler = optuna.samplers.TPESampler(seed=options.sampler_seed + len(study.trials))
     return study
 
 
-def tune(protocol_name: str, methods: list[str], trials: int, **options: Any) -> dict[str, Path]:
+def tune(
+    protocol_name: str, methods: list[str], trials: int, options: TuneOptions = DEFAULT
+) -> dict[str, Path]:
     """Tune each method with the same number of trials; returns the overlay per method."""
-    if options.get("engine") == "ray":
+    if options.engine == "ray":
         import_ray()  # say how to install it before anything runs
     protocol = load_protocol(protocol_name)
     needs_validation(protocol)
     if trials < 1 or not math.isfinite(trials):
         raise HarnessError(f"--trials must be at least 1, got {trials}")
     check_protocol(protocol, methods)  # unknown names and bad values fail before any training
-    return {m: tune_method(protocol, m, trials, **options) for m in methods}
+    return {m: tune_method(protocol, m, trials, options) for m in methods}

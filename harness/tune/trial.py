@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.core import HarnessError, Protocol, TrainingFailed, resolve_device
+from harness.core import HarnessError, Protocol, RunContext, TrainingFailed, resolve_device
 from harness.data import Split, prepare_data
 from harness.evaluate import selection_score
-from harness.train import train_model
+from harness.train import EpochHooks, train_model
 
 # a trial stops when its validation from epoch 4 on is below the median of the trials before
 # it at the same epoch, once 3 trials have finished (earlier epochs rank configurations by
@@ -56,9 +56,10 @@ class Trainer:
     max_steps: int | None = None
 
     def __call__(self, hyper: dict[str, Any], report: Callable[[int, float], None]) -> list[float]:
+        ctx = RunContext(self.protocol, self.protocol.seeds[0], resolve_device(self.device),
+                         max_steps=self.max_steps, data_root=self.data_root)  # fmt: skip
         prepared = prepare_data(self.protocol, self.data_root)
-        data, device = prepared.data, resolve_device(self.device)
-        seed = self.protocol.seeds[0]
+        data = prepared.data
         scores = []
         for fold, (train_idx, val_idx) in enumerate(class_folds(prepared.split, data.labels,
                                                                 self.folds)):  # fmt: skip
@@ -68,13 +69,11 @@ class Trainer:
                 values.append(value)
                 report(fold * 10_000 + len(values), value)
 
-            model, stats = train_model(self.protocol, self.method, hyper, seed, device, data,
-                                       train_idx, val_idx, on_validation=on_validation,
-                                       max_steps=self.max_steps)  # fmt: skip
+            model, stats = train_model(ctx, self.method, hyper, data, train_idx, val_idx,
+                                       hooks=EpochHooks(on_validation=on_validation))  # fmt: skip
             scores.append(
                 max(stats.validation) if stats.validation else selection_score(
-                    model.backbone, model.method, data.images[val_idx], data.labels[val_idx],
-                    self.protocol, device, seed)
+                    ctx, model.backbone, model.method, data.images[val_idx], data.labels[val_idx])
             )  # fmt: skip
         return scores
 

@@ -34,7 +34,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     faiss = None
 
-from harness.evaluate import compute_metrics, distance_histogram
+from harness.evaluate import MetricOptions, compute_metrics, distance_histogram
 
 TOP_K = ["recall@K", "precision@1", "r_precision", "map@r"]
 
@@ -89,9 +89,9 @@ def main(argv: list[str]) -> int:
     dev = args.device
     xt, yt = torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)
     rows: dict[str, Callable[[], object]] = {
-        "all default metrics": lambda: compute_metrics(x, y, device=dev),
+        "all default metrics": lambda: compute_metrics(x, y, options=MetricOptions(device=dev)),
         "top-K metrics (exact)": lambda: compute_metrics(
-            x, y, metrics=TOP_K, knn_backend="torch", device=dev
+            x, y, metrics=TOP_K, options=MetricOptions(knn_backend="torch", device=dev)
         ),
         "distance histogram": lambda: distance_histogram(xt, yt),
     }
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
         old = _load(args.old)
         rows["old: all default metrics"] = lambda: old.compute_metrics(x, y)
         rows["old: top-K metrics (exact)"] = lambda: old.compute_metrics(
-            x, y, metrics=TOP_K, knn_backend="torch"
+            x, y, metrics=TOP_K, options=MetricOptions(knn_backend="torch")
         )
     if args.only:
         keep = [name.strip() for name in args.only.split(",")]

@@ -24,9 +24,12 @@ import numpy as np
 import torch
 from bench_evaluation import embeddings
 
-from harness.evaluate import compute_report, distance_histogram, lda_score, rerank
+from harness.evaluate import MetricOptions, compute_report, distance_histogram, lda_score, rerank
 
 TOP_K = ["recall@K", "precision@1", "r_precision", "map@r"]
+
+
+OPTION_NAMES = ("knn_backend", "num_clusters", "seed", "kmeans_convention", "device", "chunk_size")
 
 
 def _gauss(n: int, d: int, classes: int, seed: int, dtype=np.float32) -> tuple[Any, Any]:
@@ -60,7 +63,8 @@ def _cases() -> dict[str, Callable[[], dict[str, Any]]]:
 
     def report(name: str, *args: Any, **kwargs: Any) -> None:
         def run() -> dict[str, Any]:
-            r = compute_report(*args, **kwargs)
+            how = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTION_NAMES}
+            r = compute_report(*args, **kwargs, options=MetricOptions(**how))
             return {
                 "metrics": r.metrics,
                 "counts": [r.num_queries, r.num_lone_queries, r.num_gallery, r.num_clusters],

@@ -21,13 +21,14 @@ from harness.core import (
     AugmentationSpec,
     HarnessError,
     OpSpec,
+    RunContext,
     load_protocol,
     parse_protocol,
 )
 from harness.data import EvalView, Feeder, LazyImages, TrainPipeline, default_workers
 from harness.data.augment import apply_op, generator
 from harness.data.pipeline import MAX_AUTO_WORKERS
-from harness.train import train
+from harness.train import Checkpoint, EpochHooks, Model, TrainingSet, train
 
 CPU = torch.device("cpu")
 IMAGE = torch.arange(3 * 6 * 8, dtype=torch.uint8).reshape(3, 6, 8)
@@ -260,8 +261,11 @@ def test_training_fed_by_two_workers_equals_training_in_process(tmp_path):
     runs = {}
     for workers in (0, 2):
         backbone, method = fresh_contrastive(protocol)
-        stats = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-                      workers=workers)  # fmt: skip
+        stats = train(
+            RunContext(protocol, 0, CPU, workers=workers),
+            Model(backbone, method),
+            TrainingSet(images, labels),
+        )
         runs[workers] = (stats, backbone.state_dict())
         assert stats.data_workers == workers and stats.data_wait_seconds > 0
     (s0, w0), (s2, w2) = runs[0], runs[2]
@@ -270,18 +274,29 @@ def test_training_fed_by_two_workers_equals_training_in_process(tmp_path):
     assert s0.epoch_loss == s2.epoch_loss and all(torch.equal(w0[k], w2[k]) for k in w0)
     plain = dataclasses.replace(protocol, augmentation=AugmentationSpec())
     backbone, method = fresh_contrastive(plain)
-    unaugmented = train(backbone, method, images[:, :, 2:18, 2:18].contiguous(), labels, None,
-                        plain, 0, CPU, progress=False)  # fmt: skip
+    unaugmented = train(
+        RunContext(plain, 0, CPU),
+        Model(backbone, method),
+        TrainingSet(images[:, :, 2:18, 2:18].contiguous(), labels),
+    )
     assert unaugmented.epoch_loss != s0.epoch_loss
 
     backbone, method = fresh_contrastive(protocol)
     with pytest.raises(KeyboardInterrupt):
-        train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-              checkpoint=tmp_path / "c.pt", identity="a", on_epoch_end=crash_after_epoch_2,
-              workers=2)  # fmt: skip
+        train(
+            RunContext(protocol, 0, CPU, workers=2),
+            Model(backbone, method),
+            TrainingSet(images, labels),
+            checkpoint=Checkpoint(tmp_path / "c.pt", "a"),
+            hooks=EpochHooks(on_epoch_end=crash_after_epoch_2),
+        )
     backbone, method = fresh_contrastive(protocol)
-    resumed = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-                    checkpoint=tmp_path / "c.pt", identity="a", workers=0)  # fmt: skip
+    resumed = train(
+        RunContext(protocol, 0, CPU, workers=0),
+        Model(backbone, method),
+        TrainingSet(images, labels),
+        checkpoint=Checkpoint(tmp_path / "c.pt", "a"),
+    )
     assert resumed.resumed_from_step == 6 and resumed.epoch_loss == s0.epoch_loss
     assert all(torch.equal(backbone.state_dict()[k], w0[k]) for k in w0)
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main
+from harness.evaluate import MetricOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -197,7 +198,9 @@ def test_evaluate_clustering_option_picks_the_k_means_convention(tmp_path: Path,
     for convention in ("harness", "faiss"):
         assert main([*files, "--clustering", convention]) == 0
         printed[convention] = json.loads(capsys.readouterr().out)
-        expected = compute_metrics(emb.astype(np.float32), labels, kmeans_convention=convention)
+        expected = compute_metrics(
+            emb.astype(np.float32), labels, options=MetricOptions(kmeans_convention=convention)
+        )
         assert printed[convention] == pytest.approx(expected, abs=1e-12)
     assert printed["harness"]["nmi"] > printed["faiss"]["nmi"]  # here 0.839 against 0.755
     assert main(files) == 0  # the default is the harness convention

@@ -15,8 +15,8 @@ import torch
 from tiny_training import crash_after_epoch_2, fresh_contrastive, tiny_images
 
 from harness.cli import main
-from harness.core import HarnessError, load_protocol
-from harness.train import check_compile, train
+from harness.core import HarnessError, RunContext, load_protocol
+from harness.train import Checkpoint, EpochHooks, Model, TrainingSet, check_compile, train
 
 CPU = torch.device("cpu")
 
@@ -58,8 +58,8 @@ def test_no_compiler_stops_train_before_any_step(monkeypatch):
     backbone, method = fresh_contrastive(protocol)
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
     with pytest.raises(HarnessError) as error:
-        train(backbone, method, *tiny_images(), None, protocol, 0, CPU, progress=False, workers=0,
-              compile=True)  # fmt: skip
+        train(RunContext(protocol, 0, CPU, workers=0, compile=True), Model(backbone, method),
+              TrainingSet(*tiny_images()))  # fmt: skip
     assert str(error.value) == NO_COMPILER
     assert all(torch.equal(before[k], v) for k, v in backbone.state_dict().items())
 
@@ -83,8 +83,11 @@ def test_a_compiled_run_trains_as_eager_within_rounding_and_resumes_eagerly(tmp_
     runs = {}
     for compile_ in (False, True):
         backbone, method = fresh_contrastive(protocol)
-        stats = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-                      workers=0, compile=compile_)  # fmt: skip
+        stats = train(
+            RunContext(protocol, 0, CPU, workers=0, compile=compile_),
+            Model(backbone, method),
+            TrainingSet(images, labels),
+        )
         runs[compile_] = (stats, backbone.state_dict())
         assert stats.compiled is compile_
     (eager, w_eager), (comp, w_comp) = runs[False], runs[True]
@@ -94,14 +97,22 @@ def test_a_compiled_run_trains_as_eager_within_rounding_and_resumes_eagerly(tmp_
 
     backbone, method = fresh_contrastive(protocol)
     with pytest.raises(KeyboardInterrupt):
-        train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-              checkpoint=tmp_path / "c.pt", identity="a", on_epoch_end=crash_after_epoch_2,
-              workers=0, compile=True)  # fmt: skip
+        train(
+            RunContext(protocol, 0, CPU, workers=0, compile=True),
+            Model(backbone, method),
+            TrainingSet(images, labels),
+            checkpoint=Checkpoint(tmp_path / "c.pt", "a"),
+            hooks=EpochHooks(on_epoch_end=crash_after_epoch_2),
+        )
     saved = torch.load(tmp_path / "c.pt", weights_only=False)
     assert not any("_orig_mod" in k for k in _keys(saved))
     backbone, method = fresh_contrastive(protocol)
-    resumed = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-                    checkpoint=tmp_path / "c.pt", identity="a", workers=0)  # fmt: skip
+    resumed = train(
+        RunContext(protocol, 0, CPU, workers=0),
+        Model(backbone, method),
+        TrainingSet(images, labels),
+        checkpoint=Checkpoint(tmp_path / "c.pt", "a"),
+    )
     assert resumed.resumed_from_step == 6 and len(resumed.epoch_loss) == 3
 
 

@@ -15,10 +15,10 @@ import torch
 from jpeg_tree import cub_jpegs
 from tiny_training import fresh_contrastive, tiny_images
 
-from harness.core import OpSpec, load_protocol
+from harness.core import OpSpec, RunContext, load_protocol
 from harness.data import Feeder, LazyImages, TrainPipeline
-from harness.evaluate import compute_metrics
-from harness.train import train
+from harness.evaluate import MetricOptions, compute_metrics
+from harness.train import Model, TrainingSet, train
 
 CPU = torch.device("cpu")
 DEVICES = [
@@ -34,11 +34,11 @@ def _smoke(steps: int, **changes):
     return (dataclasses.replace(protocol, budget=budget, **changes), *tiny_images())
 
 
-def _trained(protocol, images, labels, device, **kwargs):
+def _trained(protocol, images, labels, device, compile: bool = False):
     backbone, method = fresh_contrastive(protocol)
     backbone.to(device), method.head.to(device), method.loss.to(device)
-    stats = train(backbone, method, images, labels, None, protocol, 0, device, progress=False,
-                  workers=0, **kwargs)  # fmt: skip
+    ctx = RunContext(protocol, 0, device, workers=0, compile=compile)
+    stats = train(ctx, Model(backbone, method), TrainingSet(images, labels))
     return stats, {k: v.detach().cpu() for k, v in backbone.state_dict().items()}
 
 
@@ -61,8 +61,9 @@ def test_bf16_on_a_channels_last_cnn(device):
     """The fair protocols' fast path: autocast bf16 convolutions on channels-last inputs,
     float32 master weights and loss."""
     protocol, images, labels = _smoke(4, precision="bf16")
-    protocol = dataclasses.replace(protocol, backbone=dataclasses.replace(protocol.backbone,
-                                                                          channels_last=True))  # fmt: skip
+    protocol = dataclasses.replace(
+        protocol, backbone=dataclasses.replace(protocol.backbone, channels_last=True)
+    )
     backbone, method = fresh_contrastive(protocol)
     backbone.channels_last = True
     backbone.to(device, memory_format=torch.channels_last), method.head.to(device)
@@ -74,8 +75,8 @@ def test_bf16_on_a_channels_last_cnn(device):
             (out.dtype, args[0].is_contiguous(memory_format=torch.channels_last))
         )  # fmt: skip
     )
-    stats = train(backbone, method, images, labels, None, protocol, 0, device, progress=False,
-                  workers=0)  # fmt: skip
+    stats = train(RunContext(protocol, 0, device, workers=0), Model(backbone, method),
+                  TrainingSet(images, labels))  # fmt: skip
     assert all(np.isfinite(stats.epoch_loss)) and stats.steps == 4
     assert (torch.bfloat16, True) in seen
     assert all(p.dtype == torch.float32 for p in backbone.parameters())
@@ -129,8 +130,12 @@ def test_metrics_above_the_faiss_threshold_equal_the_cpus(device):
     x = rng.normal(size=(700, 24))[labels] + 0.8 * rng.normal(size=(21_000, 24))
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
     wanted = ["recall@K", "precision@1", "map@r"]
-    cpu = compute_metrics(x, labels, metrics=wanted, knn_backend="torch", device="cpu")
-    auto = compute_metrics(x, labels, metrics=wanted, knn_backend="auto", device=device)
+    cpu = compute_metrics(
+        x, labels, metrics=wanted, options=MetricOptions(knn_backend="torch", device="cpu")
+    )
+    auto = compute_metrics(
+        x, labels, metrics=wanted, options=MetricOptions(knn_backend="auto", device=device)
+    )
     assert auto == pytest.approx(cpu, abs=1e-3)  # a float32 near-tie may swap two neighbours
 
 

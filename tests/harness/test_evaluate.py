@@ -7,8 +7,15 @@ import numpy as np
 import torch
 
 from harness.backbones import Backbone
-from harness.core import AugmentationSpec, Embedded, Method
-from harness.evaluate import Evaluation, compute_metrics, distance_histogram, evaluate, rerank
+from harness.core import AugmentationSpec, Embedded, Method, RunContext
+from harness.evaluate import (
+    Evaluation,
+    MetricOptions,
+    compute_metrics,
+    distance_histogram,
+    evaluate,
+    rerank,
+)
 
 
 def neg_sq_dist(q: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -77,14 +84,20 @@ def test_one_evaluate_for_all_vs_all_and_query_gallery():
     emb = images.float().div(255.0).flatten(1)
     names = ["recall@1", "recall@2", "map", "nmi"]
     cpu = torch.device("cpu")
-    whole = evaluate(backbone, method, images, labels, protocol, cpu, 0)
+    whole = evaluate(RunContext(protocol, 0, cpu), backbone, method, images, labels)
     assert isinstance(whole, Evaluation) and whole.clustering == "harness"
     assert whole.metrics == compute_metrics(emb, labels, metrics=names)
     assert whole.by_part == {"half": compute_metrics(emb[:, :2], labels, metrics=names)}
     assert set(whole.distances) == {"edges", "positive", "negative"}
     assert set(whole.timings) == {"embed_seconds", "eval_seconds"}
-    split = evaluate(backbone, method, images[:15], labels[:15], protocol, cpu, 0,
-                     gallery=(images[15:], labels[15:]))  # fmt: skip
+    split = evaluate(
+        RunContext(protocol, 0, cpu),
+        backbone,
+        method,
+        images[:15],
+        labels[:15],
+        (images[15:], labels[15:]),
+    )
     assert isinstance(split, Evaluation)
     expected = compute_metrics(emb[:15], labels[:15], emb[15:], labels[15:], metrics=names)
     assert split.metrics == expected
@@ -103,16 +116,22 @@ def test_evaluate_clusters_with_the_protocols_k_means_convention():
     labels = np.arange(60) % 6
     emb = images.float().div(255.0).flatten(1)
     names = ["recall@1", "nmi", "f1"]
-    got = evaluate(backbone, method, images, labels, protocol, torch.device("cpu"), 5)
+    got = evaluate(RunContext(protocol, 5, torch.device("cpu")), backbone, method, images, labels)
     assert got.clustering == "faiss"
-    assert got.metrics == compute_metrics(emb, labels, metrics=names, seed=5,
-                                          kmeans_convention="faiss")  # fmt: skip
-    assert got.by_part["half"] == compute_metrics(emb[:, :2], labels, metrics=names, seed=5,
-                                                  kmeans_convention="faiss")  # fmt: skip
-    assert got.metrics != compute_metrics(emb, labels, metrics=names, seed=5)  # harness differs
+    assert got.metrics == compute_metrics(
+        emb, labels, metrics=names, options=MetricOptions(seed=5, kmeans_convention="faiss")
+    )
+    assert got.by_part["half"] == compute_metrics(
+        emb[:, :2], labels, metrics=names, options=MetricOptions(seed=5, kmeans_convention="faiss")
+    )
+    assert got.metrics != compute_metrics(
+        emb, labels, metrics=names, options=MetricOptions(seed=5)
+    )  # harness differs
     evaluation.metrics = ("recall@K",)  # nothing clustered: no convention to record
     assert (
-        evaluate(backbone, method, images, labels, protocol, torch.device("cpu"), 5).clustering
+        evaluate(
+            RunContext(protocol, 5, torch.device("cpu")), backbone, method, images, labels
+        ).clustering
         is None
     )
 
@@ -127,7 +146,7 @@ def _scored(scorer_mode: str, rerank_top: int, far_first: bool = True):
         rerank_top=rerank_top, clustering="harness"))  # fmt: skip
     images = torch.tensor([0, 250, 100, 130], dtype=torch.uint8).view(4, 1, 1, 1)
     labels = np.array([0, 0, 1, 1])  # class 0 at both ends: far-first finds it
-    return evaluate(backbone, method, images, labels, protocol, torch.device("cpu"), 0)
+    return evaluate(RunContext(protocol, 0, torch.device("cpu")), backbone, method, images, labels)
 
 
 def test_rerank_all_vs_all_reranks_rerank_top_neighbours_besides_the_query_itself():
@@ -143,11 +162,26 @@ def test_rerank_all_vs_all_reranks_rerank_top_neighbours_besides_the_query_itsel
 def test_the_learned_scorers_pair_count_is_what_it_scored():
     assert _scored("exact", 0).pair_scores == 4 * 4  # every query x every item, itself too
     assert _scored("rerank", 2).pair_scores == 4 * 3  # its 2 neighbours and itself
-    plain = evaluate(Backbone([torch.nn.Identity()], [1], 1, (0.0,), (1.0,)),
-                     Method(head=_Pooled()), torch.zeros(4, 1, 1, 1, dtype=torch.uint8),
-                     np.array([0, 0, 1, 1]), _protocol(SimpleNamespace(
-                         batch_size=8, recall_ks=(1,), metrics=("recall@K",), scorer_mode="exact",
-                         rerank_top=5, clustering="harness")), torch.device("cpu"), 0)  # fmt: skip
+    plain = evaluate(
+        RunContext(
+            _protocol(
+                SimpleNamespace(
+                    batch_size=8,
+                    recall_ks=(1,),
+                    metrics=("recall@K",),
+                    scorer_mode="exact",
+                    rerank_top=5,
+                    clustering="harness",
+                )
+            ),
+            0,
+            torch.device("cpu"),
+        ),
+        Backbone([torch.nn.Identity()], [1], 1, (0.0,), (1.0,)),
+        Method(head=_Pooled()),
+        torch.zeros(4, 1, 1, 1, dtype=torch.uint8),
+        np.array([0, 0, 1, 1]),
+    )
     assert plain.pair_scores is None
 
 
@@ -171,11 +205,24 @@ def test_non_finite_test_embeddings_fail_the_run_not_the_sweep(tmp_path, monkeyp
     from harness.core import TrainingFailed
 
     backbone = Backbone([torch.nn.Identity()], [1], 1, (0.0,), (1.0,))
-    protocol = _protocol(SimpleNamespace(batch_size=8, recall_ks=(1,), metrics=("recall@K",),
-                                         scorer_mode="exact", rerank_top=5, clustering="harness"))  # fmt: skip
+    protocol = _protocol(
+        SimpleNamespace(
+            batch_size=8,
+            recall_ks=(1,),
+            metrics=("recall@K",),
+            scorer_mode="exact",
+            rerank_top=5,
+            clustering="harness",
+        )
+    )
     with pytest.raises(TrainingFailed, match="NaN or inf for 1 of 4 images"):
-        evaluate(backbone, Method(head=_Overflowing()), torch.zeros(4, 1, 1, 1, dtype=torch.uint8),
-                 np.array([0, 0, 1, 1]), protocol, torch.device("cpu"), 0)  # fmt: skip
+        evaluate(
+            RunContext(protocol, 0, torch.device("cpu")),
+            backbone,
+            Method(head=_Overflowing()),
+            torch.zeros(4, 1, 1, 1, dtype=torch.uint8),
+            np.array([0, 0, 1, 1]),
+        )
 
     def overflowing(*args, **kwargs):
         raise TrainingFailed("the model's embeddings contain NaN or inf for 1 of 96 images")

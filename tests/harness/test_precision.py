@@ -14,16 +14,17 @@ import yaml
 from tiny_training import crash_after_epoch_2, fresh_contrastive, tiny_images
 
 from harness.cli import main
-from harness.core import PROTOCOL_DIR, HarnessError, load_protocol, parse_protocol
-from harness.train import train
+from harness.core import PROTOCOL_DIR, HarnessError, RunContext, load_protocol, parse_protocol
+from harness.train import Checkpoint, EpochHooks, Model, TrainingSet, train
 
 CPU = torch.device("cpu")
 
 
 def _setup(precision: str, steps: int = 6):
     protocol = load_protocol("smoke")
-    protocol = dataclasses.replace(protocol, precision=precision,
-                                   budget=dataclasses.replace(protocol.budget, steps=steps))  # fmt: skip
+    protocol = dataclasses.replace(
+        protocol, precision=precision, budget=dataclasses.replace(protocol.budget, steps=steps)
+    )
     return protocol, *tiny_images()
 
 
@@ -37,7 +38,9 @@ def test_the_backbone_computes_in_low_precision_and_the_loss_in_float32(precisio
     first_conv = next(m for m in backbone.modules() if isinstance(m, torch.nn.Conv2d))
     first_conv.register_forward_hook(lambda m, i, o: seen["conv"].add(o.dtype))
     method.loss.register_forward_pre_hook(lambda m, args: seen["loss"].add(args[0].embedding.dtype))
-    stats = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False)
+    stats = train(
+        RunContext(protocol, 0, CPU), Model(backbone, method), TrainingSet(images, labels)
+    )
     assert seen == {"conv": {dtype}, "loss": {torch.float32}}
     assert all(np.isfinite(stats.epoch_loss)) and stats.steps == 6
     assert all(p.dtype == torch.float32 for p in backbone.parameters())  # float32 master weights
@@ -46,18 +49,29 @@ def test_the_backbone_computes_in_low_precision_and_the_loss_in_float32(precisio
 def test_fp16_resumes_bit_identically_with_its_loss_scaler(tmp_path):
     protocol, images, labels = _setup("fp16", steps=9)  # 3 steps per epoch
     backbone, method = fresh_contrastive(protocol)
-    whole = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False)
+    whole = train(
+        RunContext(protocol, 0, CPU), Model(backbone, method), TrainingSet(images, labels)
+    )
     expected = {k: v.clone() for k, v in backbone.state_dict().items()}
 
     backbone, method = fresh_contrastive(protocol)
     with pytest.raises(KeyboardInterrupt):
-        train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-              checkpoint=tmp_path / "c.pt", identity="a", on_epoch_end=crash_after_epoch_2)  # fmt: skip
+        train(
+            RunContext(protocol, 0, CPU),
+            Model(backbone, method),
+            TrainingSet(images, labels),
+            checkpoint=Checkpoint(tmp_path / "c.pt", "a"),
+            hooks=EpochHooks(on_epoch_end=crash_after_epoch_2),
+        )
     saved = torch.load(tmp_path / "c.pt", weights_only=False)
     assert saved["scaler"]["scale"] > 0  # the scaler's state travels with the checkpoint
     backbone, method = fresh_contrastive(protocol)
-    resumed = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-                    checkpoint=tmp_path / "c.pt", identity="a")  # fmt: skip
+    resumed = train(
+        RunContext(protocol, 0, CPU),
+        Model(backbone, method),
+        TrainingSet(images, labels),
+        checkpoint=Checkpoint(tmp_path / "c.pt", "a"),
+    )
     assert resumed.resumed_from_step == 6 and resumed.epoch_loss == whole.epoch_loss
     assert all(torch.equal(backbone.state_dict()[k], expected[k]) for k in expected)
 

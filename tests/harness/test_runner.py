@@ -107,8 +107,8 @@ def test_a_changed_weights_file_is_another_run_and_another_checkpoint(tmp_path, 
     assert execute(with_a, progress=False)[0] == "skipped"
     identities = []
 
-    def record_identity(*args, identity: str, **kwargs):
-        identities.append(identity)
+    def record_identity(*args, checkpoint, **kwargs):
+        identities.append(checkpoint.identity)
         raise TrainingFailed("stopped by the test")
 
     monkeypatch.setattr(runner, "train_model", record_identity)

@@ -17,10 +17,19 @@ from harness.core import (
     EmbeddingHead,
     Method,
     PhaseTimer,
+    RunContext,
     TrainingFailed,
     load_protocol,
 )
-from harness.train import LOSS_READBACK_STEPS, train
+from harness.train import (
+    LOSS_READBACK_STEPS,
+    Checkpoint,
+    EpochHooks,
+    Model,
+    TrainingSet,
+    TrainingState,
+    train,
+)
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +65,7 @@ def test_a_nan_inside_a_readback_window_is_reported_at_its_exact_step():
     loss = NanFrom(bad=7)  # steps 0..6 finite, step 7 the first NaN
     method = Method(head=EmbeddingHead(16, 8), loss=loss)
     with pytest.raises(TrainingFailed, match=r"loss became nan at step 7 "):
-        train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False)
+        train(RunContext(protocol, 0, CPU), Model(backbone, method), TrainingSet(images, labels))
     # it is noticed at the latest at the end of its read-back window, never later
     assert 8 <= loss.calls <= LOSS_READBACK_STEPS
 
@@ -64,7 +73,9 @@ def test_a_nan_inside_a_readback_window_is_reported_at_its_exact_step():
 def test_epoch_losses_are_the_means_of_the_step_losses():
     protocol, backbone, images, labels = setup(12)  # 48 images / 16 per batch: 3 per epoch
     method = Method(head=EmbeddingHead(16, 8, normalize=False), loss=NanFrom(bad=10**9))
-    stats = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False)
+    stats = train(
+        RunContext(protocol, 0, CPU), Model(backbone, method), TrainingSet(images, labels)
+    )
     assert stats.steps == 12 and len(stats.epoch_loss) == 4
     assert all(np.isfinite(stats.epoch_loss)) and stats.epoch_loss[-1] < stats.epoch_loss[0]
 
@@ -86,8 +97,13 @@ def test_the_best_validation_epoch_is_kept_and_recorded():
     def snapshot(epoch: int) -> None:
         snapshots[epoch] = {k: v.clone() for k, v in method.head.state_dict().items()}
 
-    stats = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-                  on_epoch_end=snapshot, validate=lambda: next(scores))  # fmt: skip
+    stats = train(
+        RunContext(protocol, 0, CPU),
+        Model(backbone, method),
+        TrainingSet(images, labels),
+        validate=lambda: next(scores),
+        hooks=EpochHooks(on_epoch_end=snapshot),
+    )
     assert stats.validation == [0.1, 0.5, 0.2, 0.4] and stats.best_epoch == 2
     final = method.head.state_dict()
     assert all(torch.equal(final[k], snapshots[2][k]) for k in final)
@@ -141,7 +157,9 @@ def test_an_interrupted_train_resumes_bit_identically(tmp_path: Path, channels_l
         return backbone, _contrastive(protocol, backbone)
 
     backbone, method = fresh()
-    whole = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False)
+    whole = train(
+        RunContext(protocol, 0, CPU), Model(backbone, method), TrainingSet(images, labels)
+    )
     expected = {k: v.clone() for k, v in backbone.state_dict().items()}
 
     def crash(epoch: int) -> None:
@@ -151,13 +169,22 @@ def test_an_interrupted_train_resumes_bit_identically(tmp_path: Path, channels_l
     ckpt = tmp_path / "run.pt"
     backbone, method = fresh()
     with pytest.raises(KeyboardInterrupt):
-        train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-              checkpoint=ckpt, identity="a", on_epoch_end=crash)  # fmt: skip
+        train(
+            RunContext(protocol, 0, CPU),
+            Model(backbone, method),
+            TrainingSet(images, labels),
+            checkpoint=Checkpoint(ckpt, "a"),
+            hooks=EpochHooks(on_epoch_end=crash),
+        )
     assert ckpt.exists()
     torch.manual_seed(123)  # the checkpoint restores the RNG, whatever happened meanwhile
     backbone, method = fresh()
-    resumed = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-                    checkpoint=ckpt, identity="a")  # fmt: skip
+    resumed = train(
+        RunContext(protocol, 0, CPU),
+        Model(backbone, method),
+        TrainingSet(images, labels),
+        checkpoint=Checkpoint(ckpt, "a"),
+    )
     assert resumed.resumed_from_step == 6 and resumed.steps == whole.steps == 12
     assert resumed.epoch_loss == whole.epoch_loss
     assert resumed.tuples_mined == whole.tuples_mined
@@ -166,8 +193,12 @@ def test_an_interrupted_train_resumes_bit_identically(tmp_path: Path, channels_l
     # a checkpoint of another configuration is not resumed: training starts afresh, and that
     # checkpoint is kept aside (that run may still be resumed), never overwritten
     backbone, method = fresh()
-    other = train(backbone, method, images, labels, None, protocol, 0, CPU, progress=False,
-                  checkpoint=ckpt, identity="b")  # fmt: skip
+    other = train(
+        RunContext(protocol, 0, CPU),
+        Model(backbone, method),
+        TrainingSet(images, labels),
+        checkpoint=Checkpoint(ckpt, "b"),
+    )
     assert other.resumed_from_step == 0 and other.epoch_loss == whole.epoch_loss
     (aside,) = tmp_path.glob("run-other-*.pt")
     assert torch.load(aside, weights_only=False)["identity"] == "a"
@@ -193,31 +224,36 @@ def test_a_channels_last_backbone_is_the_same_network_in_nhwc():
     for a, b in zip(nchw(nchw.prepare(images)), nhwc(x), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     protocol = dataclasses.replace(protocol, backbone=nhwc_spec)
-    train(nhwc, _contrastive(protocol, nhwc), images, labels, None, protocol, 0, CPU,
-          progress=False)  # fmt: skip
+    train(
+        RunContext(protocol, 0, CPU),
+        Model(nhwc, _contrastive(protocol, nhwc)),
+        TrainingSet(images, labels),
+    )
     assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
 
 
 def test_training_state_saves_what_a_resume_needs(tmp_path: Path):
-    from harness.train import TrainingState
 
     protocol, backbone, _, labels = setup(12)
     method = _contrastive(protocol, backbone)
-    state = TrainingState(backbone, method, labels, protocol, 0, CPU)
+    ctx = RunContext(protocol, 0, CPU)
+    state = TrainingState(Model(backbone, method), labels, ctx)
     state.sampler.next_batch()
     state.stats.steps, state.stats.validation = 5, [0.2, 0.7]
     state.keep_if_best()
     assert state.stats.best_epoch == 2 and state.best_state is not None
-    state.save(tmp_path / "s.pt", "me")
+    state.save(Checkpoint(tmp_path / "s.pt", "me"))
     saved = torch.load(tmp_path / "s.pt", weights_only=False)
     assert set(saved) == {"identity", "modules", "optimizer", "scaler", "sampler", "torch_rng",
                           "cuda_rng", "stats", "best_state"}  # fmt: skip
-    again = TrainingState(backbone, method, labels, protocol, 0, CPU)
-    assert again.resume(tmp_path / "s.pt", "me")
+    again = TrainingState(Model(backbone, method), labels, ctx)
+    assert again.resume(Checkpoint(tmp_path / "s.pt", "me"))
     assert again.stats.steps == 5 and again.stats.resumed_from_step == 5
     assert np.array_equal(again.sampler.next_batch(), state.sampler.next_batch())
-    other = TrainingState(backbone, method, labels, protocol, 0, CPU)
-    assert not other.resume(tmp_path / "s.pt", "someone else")  # kept aside for its own run
+    other = TrainingState(Model(backbone, method), labels, ctx)
+    assert not other.resume(
+        Checkpoint(tmp_path / "s.pt", "someone else")
+    )  # kept aside for its own run
     assert other.stats.steps == 0 and len(list(tmp_path.glob("s-other-*.pt"))) == 1
 
 
@@ -233,8 +269,9 @@ def test_the_split_backward_step_trains_like_the_plain_one():
         backbone = build_backbone(protocol.backbone, 1)
         method = _contrastive(protocol, backbone)
         params = [*backbone.parameters(), *method.head.parameters()]
-        step = TrainingStep(backbone, method, make_optimizer(params, protocol), images, labels,
-                            None, CPU, split_backward=split)  # fmt: skip
+        step = TrainingStep(Model(backbone, method), make_optimizer(params, protocol),
+                            TrainingSet(images, labels), RunContext(protocol, 0, CPU),
+                            split_backward=split)  # fmt: skip
         outcome = step(torch.arange(16), check_indices=True)
         assert outcome.trained and outcome.images == 16 and outcome.mined.count() > 0
         assert step.timer.seconds["mining"] > 0 and step.timer.seconds["loss"] > 0
@@ -249,8 +286,8 @@ def test_the_model_builder_seeds_as_the_runner_always_did():
     from harness.train import build_model
 
     protocol = load_protocol("smoke")
-    model = build_model(protocol, "contrastive", {}, 3, CPU, in_channels=1, num_classes=6,
-                        num_coarse_classes=None)  # fmt: skip
+    model = build_model(RunContext(protocol, 3, CPU), "contrastive", {}, in_channels=1,
+                        num_classes=6, num_coarse_classes=None)  # fmt: skip
     torch.manual_seed(3)
     backbone = build_backbone(protocol.backbone, 1)
     ctx = MethodContext(tuple(backbone.stage_dims), protocol.embedding_dim, 6, None)
@@ -277,8 +314,11 @@ def test_training_seconds_end_before_the_data_workers_stop(monkeypatch):
     protocol = load_protocol("smoke")
     backbone, method = fresh_contrastive(protocol)
     images, labels = tiny_images()
-    stats = train(backbone, method, images, labels, None, protocol, 0, torch.device("cpu"),
-                  max_steps=2, progress=False, workers=0)  # fmt: skip
+    stats = train(
+        RunContext(protocol, 0, torch.device("cpu"), max_steps=2, workers=0),
+        Model(backbone, method),
+        TrainingSet(images, labels),
+    )
     assert stats.steps == 2 and stats.train_seconds > 0
     assert events[-2:] == ["record", "close"]
 
@@ -288,5 +328,9 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only(capsys):
     (once glued to them: '...2/2 [00:00...]00:28:50 epoch 1/1 loss ...')."""
     protocol, backbone, images, labels = setup(3)
     method = Method(head=EmbeddingHead(16, 8), loss=NanFrom(bad=10**6))
-    train(backbone, method, images, labels, None, protocol, 0, CPU, progress=True)
+    train(
+        RunContext(protocol, 0, CPU, progress=True),
+        Model(backbone, method),
+        TrainingSet(images, labels),
+    )
     assert "train:" not in capsys.readouterr().err

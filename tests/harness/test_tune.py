@@ -157,9 +157,9 @@ def test_tune_with_folds_averages_over_them(learning_val, tmp_path, monkeypatch)
     seen = []
     real = harness.train.fit.train
 
-    def spy(backbone, method, images, labels, *args, **kwargs):
-        seen.append(len(images))
-        return real(backbone, method, images, labels, *args, **kwargs)
+    def spy(ctx, model, data, **kwargs):
+        seen.append(len(data.images))
+        return real(ctx, model, data, **kwargs)
 
     monkeypatch.setattr(harness.train.fit, "train", spy)
     assert main(["-q", "tune", "--protocol", learning_val, "--method", "contrastive", "--trials",

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from harness.backbones import build_backbone
-from harness.core import METHODS, Batch, MethodContext, load_protocol
+from harness.core import METHODS, Batch, MethodContext, RunContext, load_protocol
 from harness.data import PKSampler, contiguous, prepare_data
 from harness.evaluate import evaluate
-from harness.train import train
+from harness.train import Model, TrainingSet, train
 
 PROTOCOL = load_protocol("learning")
 CPU = torch.device("cpu")
@@ -66,10 +66,19 @@ def trained_map_at_r(name: str, seed: int = 0) -> tuple[float, float, float]:
 
     before = fixed_batch_loss()
     if method.trains:
-        train(backbone, method, images, train_labels, coarse, PROTOCOL, seed, CPU, progress=False)
+        train(
+            RunContext(PROTOCOL, seed, CPU),
+            Model(backbone, method),
+            TrainingSet(images, train_labels, coarse),
+        )
     after = fixed_batch_loss()
-    metrics = evaluate(backbone, method, data.images[split.test], data.labels[split.test],
-                          PROTOCOL, CPU, seed)  # fmt: skip
+    metrics = evaluate(
+        RunContext(PROTOCOL, seed, CPU),
+        backbone,
+        method,
+        data.images[split.test],
+        data.labels[split.test],
+    )
     return before, after, metrics.metrics["map@r"]
 
 

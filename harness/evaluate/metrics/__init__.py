@@ -99,6 +99,7 @@ from harness.core import (
 from harness.evaluate.metrics.clustering import f1_pairwise, kmeans, kmeans_faiss, nmi
 from harness.evaluate.metrics.report import (
     FAISS_AUTO_MIN_GALLERY,
+    MetricOptions,
     MetricReport,
     _lda,
     compute_metrics,
@@ -116,6 +117,7 @@ __all__ = [
     "METRIC_NAMES",
     "RETRIEVAL_METRICS",
     "UNBOUNDED_METRICS",
+    "MetricOptions",
     "MetricReport",
     "_lda",
     "compute_metrics",

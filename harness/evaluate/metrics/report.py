@@ -52,6 +52,28 @@ class MetricReport:
     kmeans_convention: str | None = None  # "harness" or "faiss"; None without clustering metrics
 
 
+@dataclass(frozen=True)
+class MetricOptions:
+    """How the metrics are computed, beyond which ones (each has a default that suits a
+    user's embeddings; the harness's runs set seed and kmeans_convention from the protocol).
+
+    knn_backend: "auto", "torch" or "faiss" (see the package docstring); num_clusters: k of
+    k-means (None: the number of distinct labels); seed: k-means' seed; kmeans_convention:
+    "harness" (k-means++ start, up to 100 iterations) or "faiss" (the published tables' faiss
+    k-means); device: where the distances are computed (None: the embeddings' device, CUDA
+    when they are there); chunk_size: queries per chunk of the one pass."""
+
+    knn_backend: str = "auto"
+    num_clusters: int | None = None
+    seed: int = 0
+    kmeans_convention: str = "harness"
+    device: str | torch.device | None = None
+    chunk_size: int = 1024
+
+
+DEFAULT_OPTIONS = MetricOptions()
+
+
 def compute_metrics(
     query_embeddings: Array,
     query_labels: Array,
@@ -61,27 +83,20 @@ def compute_metrics(
     recall_ks: Iterable[int] = (1, 2, 4, 8),
     metrics: Iterable[str] | str | None = None,
     scorer: Scorer | None = None,
-    knn_backend: str = "auto",
-    num_clusters: int | None = None,
-    seed: int = 0,
-    kmeans_convention: str = "harness",
-    device: str | torch.device | None = None,
-    chunk_size: int = 1024,
+    options: MetricOptions = DEFAULT_OPTIONS,
 ) -> dict[str, float]:
     """Compute the requested metrics (all by default) as python floats in [0, 1] (``lda``: >= 0).
 
     Without a gallery every query ranks all other queries (all-vs-all). ``scorer(q, g)`` may
     replace Euclidean ranking: it gets a chunk of queries [q, D] and the gallery [G, D] as tensors
-    on ``device`` (the embeddings' floating dtype, at least float32) and returns [q, G]
-    similarities, higher meaning closer. ``kmeans_convention`` picks the k-means behind nmi
-    and f1: "harness" (k-means++ start, up to 100 iterations) or "faiss" (the published tables'
-    faiss k-means, seeded with ``seed``). See the package docstring for every definition.
+    on ``options.device`` (the embeddings' floating dtype, at least float32) and returns [q, G]
+    similarities, higher meaning closer. ``options`` (:class:`MetricOptions`) says how: the
+    top-K backend, the k-means convention behind nmi and f1 and its seed, the device, the
+    chunk size. See the package docstring for every definition.
     """
     return compute_report(
         query_embeddings, query_labels, gallery_embeddings, gallery_labels,
-        recall_ks=recall_ks, metrics=metrics, scorer=scorer, knn_backend=knn_backend,
-        num_clusters=num_clusters, seed=seed, kmeans_convention=kmeans_convention,
-        device=device, chunk_size=chunk_size,
+        recall_ks=recall_ks, metrics=metrics, scorer=scorer, options=options,
     ).metrics  # fmt: skip
 
 
@@ -94,25 +109,26 @@ def compute_report(
     recall_ks: Iterable[int] = (1, 2, 4, 8),
     metrics: Iterable[str] | str | None = None,
     scorer: Scorer | None = None,
-    knn_backend: str = "auto",
-    num_clusters: int | None = None,
-    seed: int = 0,
-    kmeans_convention: str = "harness",
-    device: str | torch.device | None = None,
-    chunk_size: int = 1024,
+    options: MetricOptions = DEFAULT_OPTIONS,
 ) -> MetricReport:
     """Like :func:`compute_metrics`, but also returns the query, lone-query and cluster counts."""
+    if not isinstance(options, MetricOptions):
+        raise HarnessError(f"options must be a MetricOptions, got {type(options).__name__}")
+    knn_backend, seed, chunk_size = options.knn_backend, options.seed, options.chunk_size
+    kmeans_convention = options.kmeans_convention
     ks, names = parse_metrics(metrics, recall_ks)
     _check_options(chunk_size, seed, knn_backend, scorer)
     _check_convention(kmeans_convention, names)
-    dev = resolve_device(device, query_embeddings)
+    dev = resolve_device(options.device, query_embeddings)
     split = _split(query_embeddings, query_labels, gallery_embeddings, gallery_labels, dev)
     result: dict[str, float] = {}
     per_query: dict[str, np.ndarray] = {}
     backend = _distance_metrics(
         split, ks, names, scorer, knn_backend, chunk_size, result, per_query
     )
-    k_used = _clustering_metrics(split, names, num_clusters, seed, kmeans_convention, result)
+    k_used = _clustering_metrics(
+        split, names, options.num_clusters, seed, kmeans_convention, result
+    )
     order = [f"recall@{k}" for k in ks] + [n for n in METRIC_NAMES if n != "recall@K"]
     ordered = {
         key: float(result[key])

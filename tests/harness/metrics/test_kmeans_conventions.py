@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.core import HarnessError
-from harness.evaluate import compute_metrics, compute_report
+from harness.evaluate import MetricOptions, compute_metrics, compute_report
 from harness.evaluate.metrics import clustering
 from harness.evaluate.metrics.clustering import kmeans, kmeans_faiss, nmi
 
@@ -63,7 +63,9 @@ def test_faiss_convention_nmi_equals_accuracy_calculator_nmi():
     x, labels = _noisy_classes(1)
     calculator = accuracy.AccuracyCalculator(include=("NMI",), device=torch.device("cpu"))
     theirs = calculator.get_accuracy(torch.from_numpy(x), torch.from_numpy(labels))["NMI"]
-    ours = compute_metrics(x, labels, metrics=["nmi"], seed=1234, kmeans_convention="faiss")
+    ours = compute_metrics(
+        x, labels, metrics=["nmi"], options=MetricOptions(seed=1234, kmeans_convention="faiss")
+    )
     assert ours["nmi"] == pytest.approx(theirs, abs=1e-12)
     assert 0.5 < theirs < 1.0  # an imperfect clustering, so the match says something
 
@@ -72,7 +74,12 @@ def test_faiss_convention_nmi_equals_accuracy_calculator_nmi():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_both_conventions_recover_well_separated_blobs(convention, seed):
     x, labels = _blobs(seed)
-    got = compute_report(x, labels, metrics=["nmi", "f1"], seed=seed, kmeans_convention=convention)
+    got = compute_report(
+        x,
+        labels,
+        metrics=["nmi", "f1"],
+        options=MetricOptions(seed=seed, kmeans_convention=convention),
+    )
     assert got.metrics == {"nmi": 1.0, "f1": 1.0}
     assert got.kmeans_convention == convention
 
@@ -96,8 +103,10 @@ def test_harness_convention_escapes_where_the_random_start_gets_stuck():
 
 def test_harness_is_the_default_convention():
     x, labels = _noisy_classes()
-    default = compute_report(x, labels, metrics=["nmi", "f1"], seed=3)
-    named = compute_report(x, labels, metrics=["nmi", "f1"], seed=3, kmeans_convention="harness")
+    default = compute_report(x, labels, metrics=["nmi", "f1"], options=MetricOptions(seed=3))
+    named = compute_report(
+        x, labels, metrics=["nmi", "f1"], options=MetricOptions(seed=3, kmeans_convention="harness")
+    )
     assert default == named and default.kmeans_convention == "harness"
     assert np.array_equal(kmeans(x, 30, 3), kmeans(x, 30, 3, convention="harness"))
     assert compute_report(x, labels, metrics=["map@r"]).kmeans_convention is None
@@ -106,7 +115,7 @@ def test_harness_is_the_default_convention():
 def test_unknown_convention_and_missing_faiss_are_one_line_errors(monkeypatch):
     x, labels = _blobs()
     with pytest.raises(HarnessError, match="did you mean 'faiss'") as info:
-        compute_metrics(x, labels, metrics=["nmi"], kmeans_convention="fais")
+        compute_metrics(x, labels, metrics=["nmi"], options=MetricOptions(kmeans_convention="fais"))
     assert "\n" not in str(info.value)
     with pytest.raises(HarnessError, match="unknown k-means convention 'pml'"):
         kmeans(x, 5, 0, convention="pml")
@@ -114,13 +123,17 @@ def test_unknown_convention_and_missing_faiss_are_one_line_errors(monkeypatch):
         kmeans(x, 5, 0, convention="faiss", backend="torch")
     monkeypatch.setattr(clustering, "faiss", None)
     for call in (
-        lambda: compute_metrics(x, labels, metrics=["nmi"], kmeans_convention="faiss"),
+        lambda: compute_metrics(
+            x, labels, metrics=["nmi"], options=MetricOptions(kmeans_convention="faiss")
+        ),
         lambda: kmeans(x, 5, 0, convention="faiss"),
     ):
         with pytest.raises(HarnessError, match="install faiss-cpu") as info:
             call()
         assert "\n" not in str(info.value)
     # without a clustering metric faiss is not needed
-    assert "map@r" in compute_metrics(x, labels, metrics=["map@r"], kmeans_convention="faiss")
+    assert "map@r" in compute_metrics(
+        x, labels, metrics=["map@r"], options=MetricOptions(kmeans_convention="faiss")
+    )
     # and the harness convention falls back to torch
     assert nmi(kmeans(x, 5, 0), labels) == pytest.approx(1.0)

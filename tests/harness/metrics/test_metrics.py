@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.core import METRIC_NAMES, HarnessError
-from harness.evaluate import compute_metrics, compute_report
+from harness.evaluate import MetricOptions, compute_metrics, compute_report
 from harness.evaluate import metrics as M
 from harness.evaluate.metrics import report as metrics_report
 from harness.evaluate.metrics.clustering import f1_pairwise, kmeans, nmi
@@ -84,7 +84,10 @@ def test_line_all_vs_all_counts_lone_query():
 
 def test_torch_tensor_inputs_and_small_chunks_give_the_same_numbers():
     got = compute_metrics(
-        torch.from_numpy(LINE_X).double(), torch.from_numpy(LINE_Y), metrics=RETRIEVAL, chunk_size=2
+        torch.from_numpy(LINE_X).double(),
+        torch.from_numpy(LINE_Y),
+        metrics=RETRIEVAL,
+        options=MetricOptions(chunk_size=2),
     )
     assert got == pytest.approx(LINE_EXPECTED, abs=1e-12)
 
@@ -151,13 +154,25 @@ def test_equal_distance_tie_goes_to_lower_gallery_index(backend, names):
     # Query at 0 (label 0); gallery items at -1 and +1 are both at distance 1.
     # Gallery [-1 (l1), +1 (l0)]: index 0 (wrong label) ranks first -> recall@1 0, recall@2 1.
     first_wrong = compute_metrics(
-        line(0), [0], line(-1, 1), [1, 0], recall_ks=(1, 2), metrics=names, knn_backend=backend
+        line(0),
+        [0],
+        line(-1, 1),
+        [1, 0],
+        recall_ks=(1, 2),
+        metrics=names,
+        options=MetricOptions(knn_backend=backend),
     )
     assert first_wrong["recall@1"] == 0.0
     assert first_wrong["recall@2"] == 1.0
     # Swapped gallery: the right label now has the lower index -> recall@1 1.
     first_right = compute_metrics(
-        line(0), [0], line(1, -1), [0, 1], recall_ks=(1, 2), metrics=names, knn_backend=backend
+        line(0),
+        [0],
+        line(1, -1),
+        [0, 1],
+        recall_ks=(1, 2),
+        metrics=names,
+        options=MetricOptions(knn_backend=backend),
     )
     assert first_right["recall@1"] == 1.0
     if "map" in names:  # the relevant item at rank 2, then at rank 1
@@ -236,8 +251,8 @@ def test_faiss_and_torch_backends_agree_without_ties(query_gallery):
     x, y = _random_data()
     args = (x[:100], y[:100], x[100:], y[100:]) if query_gallery else (x, y)
     names = ["recall@K", "precision@1", "r_precision", "map@r"]
-    via_torch = compute_report(*args, metrics=names, knn_backend="torch")
-    via_faiss = compute_report(*args, metrics=names, knn_backend="faiss")
+    via_torch = compute_report(*args, metrics=names, options=MetricOptions(knn_backend="torch"))
+    via_faiss = compute_report(*args, metrics=names, options=MetricOptions(knn_backend="faiss"))
     assert (via_torch.knn_backend, via_faiss.knn_backend) == ("torch", "faiss")
     assert via_faiss.metrics == pytest.approx(via_torch.metrics, abs=1e-12)
     assert 0 < via_torch.metrics["map@r"] < via_torch.metrics["recall@8"] < 1
@@ -251,7 +266,10 @@ def test_auto_on_the_cpu_is_the_exact_torch_path_at_every_size(monkeypatch):
     top_k = ["recall@K", "precision@1"]
     monkeypatch.setattr(metrics_report, "FAISS_AUTO_MIN_GALLERY", 50)
     assert compute_report(x, y, metrics=top_k).knn_backend == "torch"
-    assert compute_report(x, y, metrics=top_k, knn_backend="faiss").knn_backend == "faiss"
+    assert (
+        compute_report(x, y, metrics=top_k, options=MetricOptions(knn_backend="faiss")).knn_backend
+        == "faiss"
+    )
 
 
 @needs_faiss
@@ -292,7 +310,9 @@ def test_scorer_equal_to_negative_squared_distance_matches_default():
         return -((q[:, None, :] - g[None, :, :]) ** 2).sum(-1)
 
     default = compute_metrics(x, y, metrics=RETRIEVAL)
-    scored = compute_metrics(x, y, metrics=RETRIEVAL, scorer=neg_sq_dist, chunk_size=50)
+    scored = compute_metrics(
+        x, y, metrics=RETRIEVAL, scorer=neg_sq_dist, options=MetricOptions(chunk_size=50)
+    )
     assert scored == pytest.approx(default, abs=1e-12)
     assert calls and max(calls) <= 50
     # Ranking farthest-first really changes the result (the scorer is used, not ignored).
@@ -329,8 +349,10 @@ def test_bad_scorer_output_is_a_harness_error(scorer, fragment):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_cpu():  # pragma: no cover - only runs with a GPU
     x, y = _random_data()
-    cpu = compute_metrics(x, y, knn_backend="torch")
-    assert compute_metrics(x, y, knn_backend="torch", device="cuda") == pytest.approx(cpu)
+    cpu = compute_metrics(x, y, options=MetricOptions(knn_backend="torch"))
+    assert compute_metrics(
+        x, y, options=MetricOptions(knn_backend="torch", device="cuda")
+    ) == pytest.approx(cpu)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -416,7 +438,7 @@ def test_clustering_metrics_in_compute_metrics():
     assert got == pytest.approx({"nmi": 1.0, "f1": 1.0})
     # Forcing 1 cluster merges all 5 classes: NMI 0; F1 with P = 5 C(20,2) / C(100,2) = 950/4950,
     # R = 1 -> F1 = 2P/(P+1) = 1900/5900 = 19/59.
-    report = compute_report(x, labels, metrics=["nmi", "f1"], num_clusters=1)
+    report = compute_report(x, labels, metrics=["nmi", "f1"], options=MetricOptions(num_clusters=1))
     assert report.num_clusters == 1
     assert report.metrics == pytest.approx({"nmi": 0.0, "f1": 19 / 59})
 
@@ -490,9 +512,13 @@ def test_clustering_only_does_not_need_non_lone_queries():
         (dict(metrics=["mAP@R"]), ["did you mean 'map@r'"]),
         (dict(metrics=["recall@0"]), ["K >= 1", "K=0"]),
         (dict(recall_ks=(1, 0)), ["K >= 1", "K=0"]),
-        (dict(knn_backend="fais"), ["did you mean 'faiss'"]),
-        (dict(chunk_size=0), ["chunk_size"]),
-        (dict(num_clusters=9, metrics=["nmi"]), ["num_clusters=9", "4 items"]),
+        (dict(options={"seed": 1}), ["options must be a MetricOptions"]),
+        (dict(options=MetricOptions(knn_backend="fais")), ["did you mean 'faiss'"]),
+        (dict(options=MetricOptions(chunk_size=0)), ["chunk_size"]),
+        (
+            dict(options=MetricOptions(num_clusters=9), metrics=["nmi"]),
+            ["num_clusters=9", "4 items"],
+        ),
     ],
 )
 def test_invalid_inputs_raise_one_line_harness_errors(kwargs, fragments):
@@ -538,7 +564,9 @@ def test_every_query_lone_is_an_error():
 
 def test_scorer_cannot_use_the_faiss_backend():
     with pytest.raises(HarnessError, match="scorer"):
-        compute_metrics(LINE_X, LINE_Y, scorer=lambda q, g: q @ g.T, knn_backend="faiss")
+        compute_metrics(
+            LINE_X, LINE_Y, scorer=lambda q, g: q @ g.T, options=MetricOptions(knn_backend="faiss")
+        )
 
 
 def test_kmeans_input_errors():
@@ -563,11 +591,11 @@ def _tie_heavy(n=120, d=3, classes=6, seed=0):
 def test_chunk_size_changes_no_number(query_gallery):
     x, y = _tie_heavy()
     args = (x[:50], y[:50], x[50:], y[50:]) if query_gallery else (x, y)
-    whole = compute_metrics(*args, chunk_size=len(x))
-    small = compute_metrics(*args, chunk_size=7)
+    whole = compute_metrics(*args, options=MetricOptions(chunk_size=len(x)))
+    small = compute_metrics(*args, options=MetricOptions(chunk_size=7))
     assert list(small) == list(whole)
     assert small == pytest.approx(whole, abs=1e-12, rel=0)
-    top_k = compute_metrics(*args, metrics=RETRIEVAL[:4], chunk_size=7)
+    top_k = compute_metrics(*args, metrics=RETRIEVAL[:4], options=MetricOptions(chunk_size=7))
     assert top_k == pytest.approx({k: whole[k] for k in top_k}, abs=1e-12, rel=0)
 
 
@@ -586,7 +614,9 @@ def test_float32_candidates_give_the_exact_top_k(offset, proposer, monkeypatch):
     exact = compute_metrics(x, y, metrics=[*names, "map"], recall_ks=(1, 3, 9))
     for slack in (16, 0):
         monkeypatch.setattr("harness.evaluate.metrics.fast_topk.SLACK", slack)
-        fast = compute_metrics(x, y, metrics=names, recall_ks=(1, 3, 9), chunk_size=13)
+        fast = compute_metrics(
+            x, y, metrics=names, recall_ks=(1, 3, 9), options=MetricOptions(chunk_size=13)
+        )
         assert fast == pytest.approx({k: exact[k] for k in fast}, abs=1e-12, rel=0)
 
 
@@ -598,15 +628,17 @@ def test_lda_equals_a_direct_computation():
     same = y[i] == y[j]
     pos, neg = d[i, j][same], d[i, j][~same]
     direct = (neg.mean() - pos.mean()) ** 2 / (pos.var() + neg.var())
-    assert compute_metrics(x, y, metrics=["lda"], chunk_size=11)["lda"] == pytest.approx(
-        direct, rel=1e-12
-    )
+    assert compute_metrics(x, y, metrics=["lda"], options=MetricOptions(chunk_size=11))[
+        "lda"
+    ] == pytest.approx(direct, rel=1e-12)
     q, g = x[:30], x[30:]
     dq = np.sqrt(((q[:, None, :] - g[None, :, :]) ** 2).sum(-1))
     same = y[:30, None] == y[None, 30:]
     pos, neg = dq[same], dq[~same]
     direct = (neg.mean() - pos.mean()) ** 2 / (pos.var() + neg.var())
-    got = compute_metrics(q, y[:30], g, y[30:], metrics=["lda"], chunk_size=4)["lda"]
+    got = compute_metrics(
+        q, y[:30], g, y[30:], metrics=["lda"], options=MetricOptions(chunk_size=4)
+    )["lda"]
     assert got == pytest.approx(direct, rel=1e-12)
 
 
@@ -650,7 +682,9 @@ def test_bfloat16_embeddings_rank_with_faiss_as_with_torch():
     x, y = _random_data(n=80)
     x16 = torch.from_numpy(x).to(torch.bfloat16)
     names = ["recall@K", "precision@1"]
-    via_faiss = compute_report(x16, y, recall_ks=(1, 4), metrics=names, knn_backend="faiss")
+    via_faiss = compute_report(
+        x16, y, recall_ks=(1, 4), metrics=names, options=MetricOptions(knn_backend="faiss")
+    )
     via_torch = compute_report(x16.float(), y, recall_ks=(1, 4), metrics=names)
     assert via_faiss.metrics == pytest.approx(via_torch.metrics, abs=1e-12)
 
