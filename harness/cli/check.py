@@ -1,5 +1,9 @@
 """`check`: CI's regression check, every method's metrics on the small `regression` protocol
-against the committed baselines (harness.report.regression)."""
+against the committed baselines (results/reference/baselines; harness.report.regression).
+
+It prints both machines, the mode, a one-line summary and only the rows that failed, changed
+or improved; `--full` prints every row and the smallest drop each metric's test can see. Its
+runs go to a temporary folder: only `--update` writes a file, the baseline."""
 
 from __future__ import annotations
 
@@ -17,15 +21,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ck.add_argument("--protocol", default="regression")
     ck.add_argument("--methods", help="NAME[,NAME...] (default: every registered method)")
     ck.add_argument(
-        "--baselines", type=Path, help="folder of baseline files (default: results/baselines)"
-    )
+        "--baselines", type=Path,
+        help="folder of baseline files (default: the clone's results/reference/baselines)",
+    )  # fmt: skip
     ck.add_argument("--update", action="store_true", help="rewrite the baselines from this run")
     ck.add_argument("--reason", help="why the baselines change (required with --update)")
     ck.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ck.add_argument(
         "--mode", default="auto", choices=["auto", "exact", "statistical"],
-        help="auto: exact on the baseline's machine fingerprint, statistical elsewhere",
+        help="auto (default): exact on the baseline's machine fingerprint; elsewhere a row whose "
+        "numbers all reproduce passes as exact and the others are tested statistically. "
+        "exact: every number must reproduce. statistical: every row by the t-test",
     )  # fmt: skip
+    ck.add_argument("--full", action="store_true",
+                    help="print every row and the detectable-drop table, not just the summary "
+                    "and the rows that failed, changed or improved")  # fmt: skip
     ck.add_argument(
         "--baseline-seeds", type=positive_int, default=None,
         help="with --update: how many seeds (0..N-1) the baseline records (default 20)",
@@ -42,12 +52,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise HarnessError("--reason goes with --update")
     if args.baseline_seeds is not None and not args.update:
         raise HarnessError("--baseline-seeds goes with --update")
+    if args.full and args.update:
+        raise HarnessError("--full shapes the check's report; --update prints none: drop --full")
     names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     start = time.perf_counter()
     passed, report = check(
         args.protocol, names, args.baselines or BASELINE_DIR,
         args.reason if args.update else None, args.device, mode=args.mode,
-        baseline_seeds=args.baseline_seeds or BASELINE_SEEDS,
+        baseline_seeds=args.baseline_seeds or BASELINE_SEEDS, full=args.full,
     )  # fmt: skip
     print(report)
     print(f"({time.perf_counter() - start:.0f} s)")

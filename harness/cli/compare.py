@@ -15,9 +15,10 @@ from harness.core import (
     compare,
     is_single_metric,
     load_protocol,
+    program_name,
     t_interval,
 )
-from harness.records import load_results
+from harness.records import load_results, reference_dir
 from harness.report import describe, per_seed
 
 
@@ -57,7 +58,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise HarnessError(
                 f"no finished {protocol.name} run of {name!r} reports {metric} under "
                 f"{args.results_dir} (protocol hash {protocol.hash}){closest(name, values)}; "
-                f"run `harness run --protocol {protocol.name} --method {name.split('+')[0].split('@')[0]}` first"
+                f"run `{program_name()} run --protocol {protocol.name} --method "
+                f"{name.split('+')[0].split('@')[0]}` first{_committed(args.results_dir, protocol.name)}"
                 + (
                     f" (runs capped by --max-steps {', '.join(map(str, capped))} exist: pass "
                     "compare the same --max-steps)"
@@ -76,3 +78,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
               f"{', '.join(map(str, sorted(v)))})")  # fmt: skip
     print(f"  {args.a} − {args.b}: {describe(compare(a, b), scale)}")
     return 0
+
+
+def _committed(results_dir: str, protocol: str) -> str:
+    """A hint at the committed reference's runs of `protocol`, when results_dir has some."""
+    reference = reference_dir(results_dir)
+    if reference is None or not any((reference / "runs" / protocol).glob("*/seed*.json")):
+        return ""
+    return f", or compare the committed reference's runs with --results-dir {reference}"

@@ -7,8 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +34,9 @@ log = logging.getLogger("harness")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    ls = sub.add_parser("ls", help="list methods, protocols and datasets")
-    ls.add_argument("--json", action="store_true")
+    ls = sub.add_parser("ls", help="list methods (summary and default hyperparameters), "
+                        "protocols and datasets")  # fmt: skip
+    ls.add_argument("--json", action="store_true", help="the same as JSON, for scripts")
     ls.set_defaults(handler=cmd_ls)
 
     ev = sub.add_parser("evaluate", help="score embeddings you bring with the harness's metrics")
@@ -114,15 +118,35 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(json.dumps(listing, indent=2))
         return 0
     width = max(len(item["name"]) for kind in ("methods", "protocols") for item in listing[kind])
+    columns = max(shutil.get_terminal_size((100, 24)).columns, width + 40)
     for kind in ("methods", "protocols"):
         print(f"{kind}:")
         for item in listing[kind]:
-            extra = item.get("summary") or item.get("description") or ""
-            print(f"  {item['name']:<{width}}  {extra}")
+            text = item.get("summary") or item.get("description") or ""
+            print(_entry(item["name"], width, text, columns))
+            if kind == "methods":
+                print(_entry("", width, _hyperparameters(item["hyperparameters"]), columns))
     print("datasets:\n  " + "\n  ".join(listing["datasets"]))
     for prefix, names in listing["method_prefixes"].items():
         print(f"{prefix}: methods (--method {prefix}:<Class>[+<Class>]):\n  " + " ".join(names))
     return 0
+
+
+def _entry(name: str, width: int, text: str, columns: int) -> str:
+    """`  name  text`, the text whole (never cut), wrapped under itself to the terminal."""
+    first = f"  {name:<{width}}  "
+    return textwrap.fill(text, columns, initial_indent=first, subsequent_indent=" " * len(first),
+                         break_on_hyphens=False, break_long_words=False) or first.rstrip()  # fmt: skip
+
+
+def _hyperparameters(defaults: dict[str, Any]) -> str:
+    """A method's default hyperparameters as a protocol's `methods.<name>` would write them:
+    `margin=1.0, hard_ratios=[1.0, 0.5, 0.2], head_dim=null`."""
+    if not defaults:
+        return "hyperparameters: none"
+    return "hyperparameters: " + ", ".join(
+        f"{k}={json.dumps(list(v) if isinstance(v, tuple) else v)}" for k, v in defaults.items()
+    )
 
 
 def _load_npy(path: Path, what: str) -> np.ndarray:

@@ -1,5 +1,10 @@
 """`run`: train and evaluate methods under a protocol, one result file per (method, seed), then
-the leaderboard; under torchrun, one run on several processes."""
+the leaderboard; under torchrun, one run on several processes.
+
+With the default `--results-dir results` the runs, leaderboard, figures, checkpoints and
+archive are the user's own (git ignores them); the committed reference results stay in
+results/reference, untouched, and the leaderboard sets the two side by side. The last line
+names both leaderboards."""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from harness.core import (
     program_name,
     resolve_device,
 )
-from harness.records import result_paths
+from harness.records import reference_dir, result_paths
 from harness.report import write_leaderboard
 from harness.sweep import RunSpec, plan, sweep, sweep_ray
 from harness.train import check_compile
@@ -44,7 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--data-root", help="folder holding the dataset's files")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     run.add_argument("--max-steps", type=positive_int, help="cap training steps (smoke runs)")
-    run.add_argument("--results-dir", default="results", help="default: results")
+    run.add_argument("--results-dir", default="results",
+                     help="default: results (yours, untracked; the committed reference results "
+                     "stay in results/reference)")  # fmt: skip
     run.add_argument("--force", action="store_true", help="rerun even if a result exists")
     run.add_argument("--tuned", action="store_true", help="use the configuration `tune` found "
                      "(results-dir/tuning/<protocol>/<method>.yaml) instead of the paper's")  # fmt: skip
@@ -106,6 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = write_leaderboard(Path(args.results_dir)) if result_paths(args.results_dir) else None
     print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: "
           f"{path or 'none (no results yet)'}")  # fmt: skip
+    reference = reference_dir(args.results_dir)
+    if reference is not None and (reference / "LEADERBOARD.md").is_file():
+        print(f"committed reference: {reference / 'LEADERBOARD.md'} (your runs never change "
+              "it; your leaderboard compares the protocols both have)")  # fmt: skip
     return _sweep_status(counts)
 
 

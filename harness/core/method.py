@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -260,9 +261,10 @@ def register_method(
     check_family(family)
 
     def decorate(build: Callable[..., Method]) -> Callable[..., Method]:
-        doc = (build.__doc__ or inspect.getmodule(build).__doc__ or "").strip()
-        summary = doc.splitlines()[0] if doc else ""
-        spec = MethodSpec(name, version, build, family, paper, needs_coarse_labels, summary)
+        doc = build.__doc__ or inspect.getmodule(build).__doc__ or ""
+        spec = MethodSpec(
+            name, version, build, family, paper, needs_coarse_labels, docstring_summary(doc)
+        )
         space = check_space(name, dict(search or {}), spec.defaults())
         for key, rng in space.items():  # what tuning may suggest must fit the build function
             ends = rng.values if isinstance(rng, Choice) else (rng.low, rng.high)
@@ -274,6 +276,14 @@ def register_method(
         return build
 
     return decorate
+
+
+def docstring_summary(doc: str) -> str:
+    """A method's summary for `ls` and its JSON: the docstring's first paragraph (up to the
+    first blank line) on one line. Not its first physical line: a first sentence wrapped over
+    two lines would be cut mid-sentence."""
+    paragraph = re.split(r"\n[ \t]*\n", inspect.cleandoc(doc).strip(), maxsplit=1)[0]
+    return " ".join(paragraph.split())
 
 
 def load_methods() -> None:

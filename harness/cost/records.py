@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.core import HarnessError
+from harness.core import HarnessError, program_name
 from harness.records import archive, run_lock, write_json_atomic
 
 COST_SCHEMA = 1
@@ -178,7 +178,7 @@ def read_cost(path: Path) -> dict[str, Any]:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HarnessError(f"unreadable cost file {path}: {exc}; delete it or rerun "
-                           "`python -m harness cost`") from None  # fmt: skip
+                           f"`{program_name()} cost`") from None  # fmt: skip
     if (
         not isinstance(data, dict)
         or data.get("kind") not in ("cost", "cost_devices")
@@ -192,7 +192,7 @@ def read_cost(path: Path) -> dict[str, Any]:
               if "protocol" not in wrong and key not in data["protocol"]]  # fmt: skip
     if wrong or not all(isinstance(row, dict) for row in data[rows]):
         raise HarnessError(f"malformed cost file {path} ({', '.join(wrong) or rows}: missing "
-                           "or of the wrong type); delete it or rerun `python -m harness "
+                           f"or of the wrong type); delete it or rerun `{program_name()} "
                            "cost`")  # fmt: skip
     return data
 

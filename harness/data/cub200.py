@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.core import HarnessError
+from harness.core import HarnessError, program_name
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.official import Listing, as_int, find_dir, read_rows, require_root
 
@@ -29,7 +29,7 @@ def listing(data_root: Path | None) -> Listing:
     """The official lists of CUB-200-2011 under data_root."""
     root = require_root("cub200", data_root, f"{FOLDER}/ (images.txt, images/, ...)")
     base = find_dir("cub200", root, FOLDER, "images.txt", "extract CUB_200_2011.tgz there "
-                    "(or run `python -m harness data download --dataset cub200`)")  # fmt: skip
+                    f"(or run `{program_name()} data download --dataset cub200`)")  # fmt: skip
     listed = base / "images.txt"
     paths = {as_int(f[0], listed, n): f[1] for n, f in read_rows(listed, 2)}
     names = {}

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from harness.core import HarnessError
+from harness.core import HarnessError, program_name
 from harness.data.boxes import box_edges
 from harness.data.torch_decode import read
 
@@ -66,7 +66,7 @@ def open_rgb(path: str | Path):
             return im.convert("RGB")
     except FileNotFoundError:
         raise HarnessError(
-            f"image {path} is missing; check the dataset with `python -m harness data verify`"
+            f"image {path} is missing; check the dataset with `{program_name()} data verify`"
         ) from None
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, zlib.error, ...
         raise HarnessError(

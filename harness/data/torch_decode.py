@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.core import HarnessError
+from harness.core import HarnessError, program_name
 from harness.data.boxes import box_edges
 
 JPEG = b"\xff\xd8"
@@ -59,8 +59,8 @@ def read(paths: list[str], boxes: list[np.ndarray | None], size: int, device: st
             with open(path, "rb") as f:
                 data.append(f.read())
         except FileNotFoundError:
-            raise HarnessError(f"image {path} is missing; check the dataset with `python -m "
-                               "harness data verify`") from None  # fmt: skip
+            raise HarnessError(f"image {path} is missing; check the dataset with "
+                               f"`{program_name()} data verify`") from None  # fmt: skip
         except OSError as exc:
             raise HarnessError(f"cannot read image {path} ({exc.strerror or exc})") from None
         if not data[-1]:

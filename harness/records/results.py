@@ -373,6 +373,20 @@ def load_results(results_dir: Path) -> list[RunResult]:
     return [read_result(p) for p in result_paths(results_dir)]
 
 
+# A results folder's committed reference: a results folder of its own inside it, which a
+# user's commands never write into. The clone's results/reference holds the committed runs,
+# leaderboard, figures, cost records, baselines, studies and tuning; results/ itself is the
+# user's (git ignores all of it but reference/).
+REFERENCE = "reference"
+
+
+def reference_dir(results_dir: str | Path) -> Path | None:
+    """The committed reference results inside `results_dir` (results/reference), or None when
+    there are none (another --results-dir, an installed harness, the reference itself)."""
+    path = Path(results_dir) / REFERENCE
+    return path if path.is_dir() else None
+
+
 def archive(path: Path, results_dir: Path) -> Path:
     """Move a result that is about to be replaced under results/archive/, stamped by time: a
     run result from runs/<protocol>/... to archive/<protocol>/..., any other record (a cost

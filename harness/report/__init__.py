@@ -11,6 +11,7 @@ from harness.report.cost_tables import (
 )
 from harness.report.figures import by_family, cost_figure, distance_histograms, training_curve
 from harness.report.leaderboard import render, write_leaderboard
+from harness.report.reference import reference_section
 from harness.report.regression import BASELINE_DIR, BASELINE_SEEDS, check
 from harness.report.verdicts import against_best, describe, per_seed, row_names
 
@@ -30,6 +31,7 @@ __all__ = [
     "distance_histograms",
     "overhead_line",
     "per_seed",
+    "reference_section",
     "render",
     "row_names",
     "training_curve",

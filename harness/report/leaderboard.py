@@ -2,7 +2,9 @@
 
 Always regenerated from the result files, never edited by hand. Runs of an older protocol
 version (another hash) or with a shortened budget (--max-steps) get tables of their own:
-numbers from different protocols are not comparable and are never averaged together.
+numbers from different protocols are not comparable and are never averaged together. A
+results folder with a committed reference inside it (results/reference) gets a section that
+sets its runs beside the reference's (harness.report.reference).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import pandas as pd
 from tabulate import tabulate
 
-from harness.core import UNBOUNDED_METRICS, HarnessError, paper_results, t_interval
+from harness.core import UNBOUNDED_METRICS, HarnessError, paper_results, program_name, t_interval
 from harness.records import (
     Environment,
     RunResult,
@@ -26,6 +28,7 @@ from harness.records import (
 )
 from harness.report.cost_tables import cost_section
 from harness.report.figures import distance_histograms, training_curve
+from harness.report.reference import reference_section
 from harness.report.verdicts import against_best, per_seed, row_names
 
 METRIC_ORDER = ("recall@", "precision@1", "r_precision", "map@r", "map", "nmi", "f1", "lda")
@@ -381,7 +384,7 @@ def _read_tuning(path: Path) -> dict[str, Any]:
         problem = _tuning_problem(data)
     if problem:
         raise HarnessError(
-            f"tuning file {path} is unreadable ({problem}); rerun `python -m harness tune` "
+            f"tuning file {path} is unreadable ({problem}); rerun `{program_name()} tune` "
             "for it, or move it out of the results folder"
         )
     return data
@@ -409,13 +412,16 @@ def _short(value: Any) -> str:
 
 
 def write_leaderboard(results_dir: Path) -> Path:
+    """Write results_dir/LEADERBOARD.md from its runs (with the figures, tuning and cost
+    sections, and the comparison with a committed reference inside it); returns its path."""
     runs = load_results(results_dir)
     if not runs:
         raise HarnessError(
-            f"no run results under {Path(results_dir) / 'runs'}: run `python -m harness run` first"
+            f"no run results under {Path(results_dir) / 'runs'}: run `{program_name()} run` first"
         )
     path = Path(results_dir) / "LEADERBOARD.md"
-    text = (render(runs) + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
+    text = (render(runs) + reference_section(Path(results_dir), runs)
+            + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip
     write_text_atomic(path, text)  # a unique temporary file: two writers never share one
     return path

@@ -1,8 +1,11 @@
 """CI's regression check: rerun the small `regression` protocol, compare with the baselines.
 
-The baseline file (results/baselines/<protocol>.json) holds every method's metrics for
-several seeds, and the fingerprint of the machine that made them (harness/records/fingerprint.py).
-Runs are pinned to one torch thread per worker process, so the core count does not matter.
+The baseline file (results/reference/baselines/<protocol>.json, committed beside the other
+reference results) holds every method's metrics for several seeds, and the fingerprint of the
+machine that made them (harness/records/fingerprint.py). Runs are pinned to one torch thread
+per worker process, so the core count does not matter. The check's own runs go to a temporary
+folder (deleted afterwards; kept and named only when the check breaks off), so a check
+changes no file of the clone; only `--update` writes, the baseline file.
 
 - **exact** mode, on a machine with the baseline's fingerprint: training is deterministic
   there, so every check seed must reproduce its recorded value bit for bit, up to EXACT_RTOL
@@ -10,6 +13,11 @@ Runs are pinned to one torch thread per worker process, so the core count does n
   with the previous code to 4.4e-15), while any change in training moves a metric by far
   more (about 1e-4 and up). Any other difference is a change (better or worse) and fails
   until `--update --reason` records it.
+- **auto** (the default) on any other machine: a row (method, metric) whose check-seed values
+  all equal the recorded ones (up to EXACT_RTOL) passes as exact: the numbers reproduced, so
+  nothing regressed (a processor of the same family often rounds alike). Only the rows whose
+  numbers differ get the statistical test below; when every number matches the check says
+  exact. `--mode statistical` tests every row statistically, `--mode exact` none.
 - **statistical** mode, on any other machine: another processor rounds differently and
   training amplifies that into seed-noise-sized differences, so single values cannot be
   compared. For each metric, the mean over the n check seeds is compared with the mean over
@@ -20,7 +28,12 @@ Runs are pinned to one torch thread per worker process, so the core count does n
   and runs of one seed on two machines are positively correlated, which only lowers the
   false-alarm rate further. A metric regresses when its mean falls below the baseline mean by
   more than the bound; the bound is the smallest drop the check can see on this machine. A
-  method whose bound on MAP@R exceeds WATCH_DROP is reported as too noisy to guard.
+  method whose bound on MAP@R exceeds WATCH_DROP is reported as too noisy to guard. The
+  Bonferroni count is every comparable row, also those that passed as exact: the bounds are
+  those of a wholly statistical check, never narrower.
+
+The report is short by default (machines, mode, a summary, and only the rows that failed,
+changed or improved); `full=True` (`check --full`) adds every row and the detectable drops.
 """
 
 from __future__ import annotations
@@ -40,14 +53,23 @@ from typing import Any
 from scipy import stats
 from tabulate import tabulate
 
-from harness.core import METHODS, HarnessError, Protocol, load_protocol, resolve_device, source_tree
+from harness.core import (
+    METHODS,
+    HarnessError,
+    Protocol,
+    load_protocol,
+    program_name,
+    resolve_device,
+    source_tree,
+)
 from harness.records import RunResult, describe, read_result, result_path, write_json_atomic
 from harness.sweep import plan, sweep_pinned
 
 log = logging.getLogger(__name__)
 
-# The committed baselines of the clone; an installed harness looks in ./results/baselines
-BASELINE_DIR = (source_tree() or Path()) / "results" / "baselines"
+# The committed baselines, beside the clone's other reference results; an installed harness
+# (no clone) looks in ./results/reference/baselines and otherwise needs --baselines DIR
+BASELINE_DIR = (source_tree() or Path()) / "results" / "reference" / "baselines"
 BASELINE_FORMAT = 2
 EXACT_RTOL = 1e-12  # exact mode: float64 metric arithmetic may reorder; training moves far more
 ALPHA = 0.01  # the whole check's false-alarm rate in statistical mode (Bonferroni over rows)
@@ -58,7 +80,8 @@ BASELINE_SEEDS = 20  # default number of seeds `--update` records
 
 @dataclass
 class Row:
-    """One (method, metric): means over seeds, the allowed drop (0 in exact mode), verdict."""
+    """One (method, metric): means over seeds, the allowed drop (0 when judged exactly),
+    verdict, and how it was judged: "exact", "statistical", or "" (not comparable)."""
 
     method: str
     metric: str
@@ -66,10 +89,16 @@ class Row:
     now: float | None
     bound: float | None
     status: str
+    how: str = ""
 
     @property
     def failed(self) -> bool:
         return self.status not in ("ok", "improved")
+
+    @property
+    def notable(self) -> bool:
+        """Shown in the short report: failed, changed, regressed or improved."""
+        return self.status != "ok"
 
 
 def baseline_path(protocol: str, baseline_dir: Path) -> Path:
@@ -86,7 +115,7 @@ def load_baseline(path: Path) -> dict[str, Any]:
         raise HarnessError(
             f"{path} is a format-{baseline.get('format', 1)} baseline (one seed, fixed "
             f"tolerances); this check needs format {BASELINE_FORMAT}: remake it with "
-            "`python -m harness check --update --reason TEXT`"
+            f"`{program_name()} check --update --reason TEXT`"
         )
     return baseline
 
@@ -147,9 +176,11 @@ def _structural(baseline: dict[str, Any], method: str, runs: list[RunResult]) ->
 
 def compare(
     baseline: dict[str, Any], protocol_hash: str, runs: dict[str, list[RunResult]],
-    seeds: list[int], exact: bool,
+    seeds: list[int], exact: bool, exact_if_reproduced: bool = False,
 ) -> list[Row]:  # fmt: skip
-    """One row per (method, metric); a row's status says whether it passes."""
+    """One row per (method, metric); a row's status says whether it passes. `exact`: every
+    row must reproduce its recorded values; else statistical, except, with
+    `exact_if_reproduced`, the rows whose values all reproduce: those pass as exact."""
     if baseline.get("protocol_hash") != protocol_hash:
         return [Row("*", "protocol", None, None, None,
                     f"baseline is for protocol hash {baseline.get('protocol_hash')}, now "
@@ -171,7 +202,8 @@ def compare(
             continue
         for metric in names[method]:
             base = baseline["methods"][method]["metrics"].get(metric)
-            rows.append(_metric_row(method, metric, base, method_runs, at, exact, tested))
+            rows.append(_metric_row(method, metric, base, method_runs, at, exact, tested,
+                                    exact_if_reproduced))  # fmt: skip
     return rows
 
 
@@ -185,7 +217,7 @@ def _metric_names(baseline: dict[str, Any], method: str, runs: list[RunResult]) 
 
 def _metric_row(
     method: str, metric: str, base: list[float] | None, runs: list[RunResult], at: list[int],
-    exact: bool, tested: int,
+    exact: bool, tested: int, exact_if_reproduced: bool = False,
 ) -> Row:  # fmt: skip
     """One metric's verdict; a missing or non-finite value on either side never passes."""
     values = [(r.metrics or {}).get(metric) for r in runs]
@@ -199,17 +231,18 @@ def _metric_row(
         return Row(method, metric, None, None, None, f"not finite: {now}")
     if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in base):
         return Row(method, metric, None, None, None, f"baseline not finite: {base}")
-    if exact:
-        same = all(math.isclose(now[i], base[j], rel_tol=EXACT_RTOL, abs_tol=EXACT_RTOL)
-                   for i, j in enumerate(at))  # fmt: skip
+    same = all(math.isclose(now[i], base[j], rel_tol=EXACT_RTOL, abs_tol=EXACT_RTOL)
+               for i, j in enumerate(at))  # fmt: skip
+    if exact or (same and exact_if_reproduced):
         return Row(method, metric, statistics.fmean(base[j] for j in at),
-                   statistics.fmean(now), 0.0, "ok" if same else "CHANGED")  # fmt: skip
+                   statistics.fmean(now), 0.0, "ok" if same else "CHANGED", "exact")  # fmt: skip
     bound = t_bound(base, now, tested)
     if not math.isfinite(bound):
         return Row(method, metric, None, None, None, f"untestable: bound {bound}")
     diff = statistics.fmean(now) - statistics.fmean(base)
     status = "REGRESSED" if diff < -bound else "improved" if diff > bound else "ok"
-    return Row(method, metric, statistics.fmean(base), statistics.fmean(now), bound, status)
+    return Row(method, metric, statistics.fmean(base), statistics.fmean(now), bound, status,
+               "statistical")  # fmt: skip
 
 
 def too_noisy(rows: list[Row]) -> dict[str, float]:
@@ -218,14 +251,18 @@ def too_noisy(rows: list[Row]) -> dict[str, float]:
             if r.metric == WATCH_METRIC and r.bound is not None and r.bound > WATCH_DROP}  # fmt: skip
 
 
-def render(rows: list[Row], exact: bool) -> str:
+def render(rows: list[Row], exact: bool = False) -> str:
+    """The rows as a table; `max drop` says `exact` for a row judged by its exact values
+    (every row when `exact`), else the statistical bound."""
+
     def fmt(x: float | None) -> str:
         return "-" if x is None else f"{x:.4f}"
 
     table = [
         [r.method, r.metric, fmt(r.baseline), fmt(r.now),
          "-" if r.baseline is None or r.now is None else f"{r.now - r.baseline:+.4f}",
-         "exact" if exact and r.bound is not None else fmt(r.bound), r.status]
+         "exact" if (exact or r.how == "exact") and r.bound is not None else fmt(r.bound),
+         r.status]
         for r in rows
     ]  # fmt: skip
     headers = ["method", "metric", "baseline", "now", "diff", "max drop", "status"]
@@ -233,10 +270,11 @@ def render(rows: list[Row], exact: bool) -> str:
 
 
 def detectable_table(rows: list[Row]) -> str:
-    """Per method, the smallest drop of each metric's mean the check would catch."""
+    """Per method, the smallest drop of each metric's mean the check would catch (the rows
+    tested statistically)."""
     by_method: dict[str, dict[str, float]] = {}
     for r in rows:
-        if r.bound is not None:
+        if r.bound is not None and r.how == "statistical":
             by_method.setdefault(r.method, {})[r.metric] = r.bound
     metrics = sorted({m for b in by_method.values() for m in b}, key=_metric_order)
     noisy = too_noisy(rows)
@@ -320,8 +358,10 @@ def check(
     results_dir: Path | None = None,
     mode: str = "auto",
     baseline_seeds: int = BASELINE_SEEDS,
+    full: bool = False,
 ) -> tuple[bool, str]:
-    """Run the check (or, with update_reason, remake the baselines); returns (passed, report)."""
+    """Run the check (or, with update_reason, remake the baselines); returns (passed, report).
+    The report is short (summary and the rows that did not simply pass) unless `full`."""
     names = methods or METHODS.names()
     for name in names:  # a misspelt name: one line, before any folder is made
         METHODS.get(name)
@@ -339,9 +379,9 @@ def check(
     else:
         if not path.exists():
             raise HarnessError(
-                f"no baseline file {path}: pass --baselines DIR (a clone's results/baselines) "
-                f"or create it with "
-                f"`python -m harness check --protocol {protocol.name} --update --reason TEXT`"
+                f"no baseline file {path}: pass --baselines DIR (a clone's "
+                "results/reference/baselines) or create it with "
+                f"`{program_name()} check --protocol {protocol.name} --update --reason TEXT`"
             )
         baseline = load_baseline(path)
         seeds = list(protocol.seeds)
@@ -359,7 +399,7 @@ def check(
             note = f"; failed runs left out: {', '.join(left_out)}" if left_out else ""
             outcome = not left_out, f"baselines for seeds {seeds} written to {path}{note}"
         else:
-            outcome = report(baseline, protocol, runs, seeds, mode, path)
+            outcome = report(baseline, protocol, runs, seeds, mode, path, full)
     except BaseException:
         log.warning("the check's run results are kept in %s", runs_dir)
         raise
@@ -370,40 +410,79 @@ def check(
 
 def report(
     baseline: dict[str, Any], protocol: Protocol, runs: dict[str, list[RunResult]],
-    seeds: list[int], mode: str, path: Path,
+    seeds: list[int], mode: str, path: Path, full: bool = False,
 ) -> tuple[bool, str]:  # fmt: skip
-    """Compare and describe: mode, both machines, the table, noisy methods, the verdict."""
+    """Compare and describe: both machines, the mode, a summary, the rows that failed, changed
+    or improved (with `full`: every row and the detectable drops), the verdict."""
     here = run_fingerprint(runs)
     same = here["id"] == baseline["fingerprint"]["id"]
-    exact = mode == "exact" or (mode == "auto" and same)
-    rows = compare(baseline, protocol.hash, runs, seeds, exact)
+    strict = mode == "exact" or (mode == "auto" and same)
+    rows = compare(baseline, protocol.hash, runs, seeds, strict, exact_if_reproduced=mode == "auto")
     bad = [r for r in rows if r.failed]
-    n_base = len(baseline["seeds"])
+    exact_rows = sum(r.how == "exact" for r in rows)
+    stat_rows = sum(r.how == "statistical" for r in rows)
+    if strict or (exact_rows and not stat_rows):
+        kind = "exact"
+    else:
+        kind = "mixed" if exact_rows else "statistical"
     lines = [
         f"this machine: {describe(here)}",
         f"baseline:     {describe(baseline['fingerprint'])}",
-        f"mode: exact (same fingerprint: seeds {seeds} must reproduce their values bit for bit)"
-        if exact
-        else f"mode: statistical ({'forced' if same else 'another machine'}: mean of seeds "
-        f"{seeds} vs mean of the baseline's {n_base} seeds, one-sided pooled t-test, "
-        f"false-alarm rate <= {ALPHA} for the whole check)",
-        "",
-        render(rows, exact),
+        _mode_line(kind, strict, same, mode, seeds, len(baseline["seeds"]), exact_rows, stat_rows),
+        _summary(rows, exact_rows, stat_rows),
     ]
-    if not exact:
+    noisy = too_noisy(rows)
+    if noisy:
+        lines.append(f"too noisy to guard on this machine (cannot see a {WATCH_DROP} drop in "
+                     f"{WATCH_METRIC}): " + ", ".join(f"{m} (smallest drop {b:.3f})"
+                                                      for m, b in sorted(noisy.items())))  # fmt: skip
+    shown = rows if full else [r for r in rows if r.notable]
+    if shown:
+        lines += ["", render(shown)]
+    if full and stat_rows:
         lines += ["", detectable_table(rows)]
-        noisy = too_noisy(rows)
-        if noisy:
-            lines += ["", "too noisy to guard on this machine (cannot see a "
-                      f"{WATCH_DROP} drop in {WATCH_METRIC}): "
-                      + ", ".join(f"{m} (smallest drop {b:.3f})" for m, b in sorted(noisy.items()))]  # fmt: skip
+    lines += [""] if shown else []
     lines.append(
-        f"check {'FAILED' if bad else 'passed'} ({'exact' if exact else 'statistical'}): "
+        f"check {'FAILED' if bad else 'passed'} ({kind}): "
         f"{len(rows) - len(bad)}/{len(rows)} rows pass against {path}"
+        + ("" if full else " (--full lists every row)")
     )
-    if bad and exact:
+    if same and any(r.status == "CHANGED" for r in bad):
         lines.append(
             "a changed number on the baseline's own machine is a change in behaviour: if it is "
-            "intended, record it with `python -m harness check --update --reason TEXT`"
+            f"intended, record it with `{program_name()} check --update --reason TEXT`"
         )
     return not bad, "\n".join(lines)
+
+
+def _mode_line(
+    kind: str, strict: bool, same: bool, mode: str, seeds: list[int], n_base: int,
+    exact_rows: int, stat_rows: int,
+) -> str:  # fmt: skip
+    """How the rows were judged, and why: the machine, the forced mode, or the numbers."""
+    test = (f"mean of seeds {seeds} vs mean of the baseline's {n_base} seeds, one-sided pooled "
+            f"t-test, false-alarm rate <= {ALPHA} for the whole check")  # fmt: skip
+    if strict:
+        why = "same fingerprint" if same else "forced"
+        return f"mode: exact ({why}: seeds {seeds} must reproduce their values bit for bit)"
+    if kind == "exact":
+        return (f"mode: exact (another machine, but every number reproduced bit for bit: seeds "
+                f"{seeds} match their recorded values)")  # fmt: skip
+    if kind == "mixed":
+        return (f"mode: mixed (another machine: {exact_rows} of {exact_rows + stat_rows} rows "
+                f"reproduced bit for bit and passed as exact, the other {stat_rows} tested "
+                f"statistically: {test})")  # fmt: skip
+    return f"mode: statistical ({'forced' if mode == 'statistical' else 'another machine'}: {test})"
+
+
+def _summary(rows: list[Row], exact_rows: int, stat_rows: int) -> str:
+    """One line: rows passed, how many judged each way, failures and improvements."""
+    passed = sum(not r.failed for r in rows)
+    methods = len({r.method for r in rows if r.method != "*"})
+    improved = sum(r.status == "improved" for r in rows)
+    noisy = too_noisy(rows)
+    return (
+        f"summary: {passed}/{len(rows)} rows pass ({methods} method{'s' * (methods != 1)}): "
+        f"{exact_rows} exact, {stat_rows} statistical; {len(rows) - passed} failed, {improved} "
+        f"improved; {len(noisy)} method{'s' * (len(noisy) != 1)} too noisy to guard"
+    )

@@ -1,15 +1,21 @@
 """The tuned configurations `harness tune` stores (results/tuning/<protocol>/<method>.yaml),
-read here by `run --tuned`: stored state lives beside its reader, not its writer.
+read here by `run --tuned`: stored state lives beside its reader, not its writer. A results
+folder without one falls back to its committed reference's (results/reference/tuning/...),
+so a fresh clone's `run --tuned` trains with the committed study's configuration.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from harness.core import METHODS, HarnessError, Protocol
+from harness.core import METHODS, HarnessError, Protocol, program_name
+from harness.records import reference_dir
+
+log = logging.getLogger(__name__)
 
 
 def tuning_dir(results_dir: str | Path, protocol: str) -> Path:
@@ -31,19 +37,20 @@ def load_overlay(
     """The tuned configuration of `method` under `protocol`; a clear error when there is none,
     it was tuned under another version of the protocol or method, or its trials were capped
     (--max-steps) and this run (`max_steps`) is not. A capped run takes the study capped
-    alike, else the full study, else the capped study of the most steps."""
-    path = overlay_path(results_dir, protocol.name, method)
-    if max_steps:
-        capped = sorted(tuning_dir(results_dir, protocol.name).glob(f"{method}.max_steps*.yaml"),
-                        key=lambda p: int(p.stem.rsplit("max_steps", 1)[1]))  # fmt: skip
-        same = overlay_path(results_dir, protocol.name, method, max_steps)
-        if same.is_file():
-            path = same
-        elif not path.is_file() and capped:
-            path = capped[-1]
+    alike, else the full study, else the capped study of the most steps. Without any in
+    `results_dir`, the same search in its committed reference (results/reference)."""
+    path = _find(results_dir, protocol.name, method, max_steps)
+    reference = reference_dir(results_dir)
+    if not path.is_file() and reference is not None:
+        committed = _find(reference, protocol.name, method, max_steps)
+        if committed.is_file():
+            log.info("no tuned configuration of %s in %s: using the committed reference's %s",
+                     method, tuning_dir(results_dir, protocol.name), committed)  # fmt: skip
+            path = committed
     if not path.is_file():
         raise HarnessError(f"no tuned configuration for {method} under {protocol.name} ({path}); "
-                           f"run `harness tune --protocol {protocol.name} --method {method}` first")  # fmt: skip
+                           f"run `{program_name()} tune --protocol {protocol.name} --method "
+                           f"{method}` first")  # fmt: skip
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if data.get("protocol_hash") != protocol.hash:
         raise HarnessError(f"{path} was tuned under protocol hash {data.get('protocol_hash')}, "
@@ -57,3 +64,18 @@ def load_overlay(
                            "study) and this run is not capped: tune again without --max-steps")  # fmt: skip
     data["path"] = str(path)
     return data
+
+
+def _find(results_dir: str | Path, protocol: str, method: str, max_steps: int | None) -> Path:
+    """The overlay file a run of this cap takes from `results_dir` (see load_overlay); the
+    full study's path, not necessarily existing, when there is none."""
+    path = overlay_path(results_dir, protocol, method)
+    if max_steps:
+        capped = sorted(tuning_dir(results_dir, protocol).glob(f"{method}.max_steps*.yaml"),
+                        key=lambda p: int(p.stem.rsplit("max_steps", 1)[1]))  # fmt: skip
+        same = overlay_path(results_dir, protocol, method, max_steps)
+        if same.is_file():
+            path = same
+        elif not path.is_file() and capped:
+            path = capped[-1]
+    return path

@@ -145,7 +145,7 @@ def smoke_seeds(seeds: str):
 
 def bad_tuning(text: str):
     def args(tmp: Path) -> list[str]:
-        shutil.copytree(REPO / "results" / "runs" / "default" / "untrained",
+        shutil.copytree(REPO / "results" / "reference" / "runs" / "default" / "untrained",
                         tmp / "r" / "runs" / "default" / "untrained")  # fmt: skip
         (tmp / "r" / "tuning" / "tuning").mkdir(parents=True)
         (tmp / "r" / "tuning" / "tuning" / "contrastive.yaml").write_text(text)
@@ -158,9 +158,9 @@ def bad_cost(change: Callable[[dict], None]):
     """The committed default cost record, one field damaged, beside a result."""
 
     def args(tmp: Path) -> list[str]:
-        shutil.copytree(REPO / "results" / "runs" / "default" / "untrained",
+        shutil.copytree(REPO / "results" / "reference" / "runs" / "default" / "untrained",
                         tmp / "r" / "runs" / "default" / "untrained")  # fmt: skip
-        record = json.loads((REPO / "results" / "cost" / "default.json").read_text())
+        record = json.loads((REPO / "results" / "reference" / "cost" / "default.json").read_text())
         change(record)
         (tmp / "r" / "cost").mkdir()
         (tmp / "r" / "cost" / "default.json").write_text(json.dumps(record))

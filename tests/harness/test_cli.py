@@ -15,6 +15,7 @@ from harness.cli import main
 from harness.evaluate import MetricOptions
 
 REPO = Path(__file__).resolve().parents[2]
+REFERENCE = REPO / "results" / "reference"  # the committed results (never written by runs)
 
 
 def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -60,7 +61,7 @@ def test_run_writes_results_and_leaderboard_then_resumes(tmp_path: Path):
     # the k-means convention of its nmi and f1, and what the data pipeline cost
     assert record["schema"] == 2 and record["sweep_seeds"] == [0]
     assert record["clustering_convention"] == "harness"
-    committed = json.loads((REPO / "results/runs/default/contrastive/seed0.json").read_text())
+    committed = json.loads((REFERENCE / "runs/default/contrastive/seed0.json").read_text())
     boot = record["bootstrap"]
     assert _keys(record) == _keys(committed) | {"sweep_seeds", "clustering_convention"} | {
         f"bootstrap.{k}" for k in ("unit", "resamples", "seed", "confidence", "intervals")
@@ -141,7 +142,7 @@ def test_leaderboard_command_draws_one_panel_row_per_family(tmp_path: Path):
     for name in ("contrastive", "triplet"):
         path = tmp_path / "runs" / "default" / name / "seed0.json"
         path.parent.mkdir(parents=True)
-        path.write_text((REPO / "results" / "runs" / "default" / name / "seed0.json").read_text())
+        path.write_text((REFERENCE / "runs" / "default" / name / "seed0.json").read_text())
         paths.append(path)
     proc = cli("leaderboard", "--results-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr

@@ -93,7 +93,7 @@ def test_leaderboard_errors(tmp_path: Path):
 # --- typed results: schema, old files, round trip ---------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = sorted((REPO / "results").rglob("seed*.json"))
+COMMITTED = sorted((REPO / "results" / "reference").rglob("seed*.json"))
 
 
 def _extras(record: Record) -> list[str]:
@@ -121,7 +121,7 @@ def test_every_committed_result_loads_and_writes_back_the_same_json():
 
 
 def test_schema_1_file_asks_for_the_protocols_seeds_and_schema_2_records_the_sweep():
-    old = REPO / "results" / "studies" / "default_v2" / "runs" / "default"  # a schema-1 file
+    old = REPO / "results/reference/studies/default_v2/runs/default"  # a schema-1 file
     result = read_result(old / "triplet" / "seed0.json")
     assert result.sweep_seeds is None and result.asked_seeds() == [0]
     assert result.ok and result.metrics["recall@1"] > 0 and result.tuples.kind == "triplets"

@@ -187,6 +187,7 @@ def test_the_overhead_method_is_an_option(tmp_path: Path):
 COMMITTED_RESULT = (
     Path(__file__).resolve().parents[3]
     / "results"
+    / "reference"
     / "runs"
     / "default"
     / "contrastive"
