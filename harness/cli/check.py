@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.cli.argtypes import positive_int
 from harness.core import HarnessError, load_methods
-from harness.report import BASELINE_DIR, BASELINE_SEEDS, check
+from harness.report import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,11 +56,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise HarnessError("--full shapes the check's report; --update prints none: drop --full")
     names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     start = time.perf_counter()
-    passed, report = check(
-        args.protocol, names, args.baselines or BASELINE_DIR,
-        args.reason if args.update else None, args.device, mode=args.mode,
-        baseline_seeds=args.baseline_seeds or BASELINE_SEEDS, full=args.full,
-    )  # fmt: skip
+    if args.update:
+        passed, report = update_baselines(
+            args.protocol, names, args.baselines or BASELINE_DIR, args.reason,
+            device=args.device, baseline_seeds=args.baseline_seeds or BASELINE_SEEDS,
+        )  # fmt: skip
+    else:
+        passed, report = check(args.protocol, names, args.baselines or BASELINE_DIR,
+                               device=args.device, mode=args.mode, full=args.full)  # fmt: skip
     print(report)
     print(f"({time.perf_counter() - start:.0f} s)")
     return 0 if passed else 1

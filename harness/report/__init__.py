@@ -12,7 +12,7 @@ from harness.report.cost_tables import (
 from harness.report.figures import by_family, cost_figure, distance_histograms, training_curve
 from harness.report.leaderboard import render, write_leaderboard
 from harness.report.reference import reference_section
-from harness.report.regression import BASELINE_DIR, BASELINE_SEEDS, check
+from harness.report.regression import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
 from harness.report.verdicts import against_best, describe, per_seed, row_names
 
 __all__ = [
@@ -35,5 +35,6 @@ __all__ = [
     "render",
     "row_names",
     "training_curve",
+    "update_baselines",
     "write_leaderboard",
 ]

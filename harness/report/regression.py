@@ -38,6 +38,7 @@ changed or improved); `full=True` (`check --full`) adds every row and the detect
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -45,6 +46,7 @@ import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -353,59 +355,83 @@ def check(
     protocol_name: str = "regression",
     methods: list[str] | None = None,
     baseline_dir: Path = BASELINE_DIR,
-    update_reason: str | None = None,
+    *,
     device: str = "auto",
     results_dir: Path | None = None,
     mode: str = "auto",
-    baseline_seeds: int = BASELINE_SEEDS,
     full: bool = False,
 ) -> tuple[bool, str]:
-    """Run the check (or, with update_reason, remake the baselines); returns (passed, report).
-    The report is short (summary and the rows that did not simply pass) unless `full`."""
-    names = methods or METHODS.names()
-    for name in names:  # a misspelt name: one line, before any folder is made
-        METHODS.get(name)
-    protocol = load_protocol(protocol_name)
+    """Rerun the protocol and compare with its baseline file; returns (passed, report). The
+    report is short (summary and the rows that did not simply pass) unless `full`."""
+    names, protocol = _checked(protocol_name, methods)
     path = baseline_path(protocol.name, baseline_dir)
-    if update_reason is not None:
-        if not update_reason.strip():
-            raise HarnessError("--update needs a non-empty --reason saying why the numbers change")
-        seeds = list(range(baseline_seeds))
-        if not set(protocol.seeds) <= set(seeds) or baseline_seeds < 3:
-            raise HarnessError(
-                f"--baseline-seeds {baseline_seeds} must be at least 3 and cover the protocol's "
-                f"check seeds {protocol.seeds}"
-            )
-    else:
-        if not path.exists():
-            raise HarnessError(
-                f"no baseline file {path}: pass --baselines DIR (a clone's "
-                "results/reference/baselines) or create it with "
-                f"`{program_name()} check --protocol {protocol.name} --update --reason TEXT`"
-            )
-        baseline = load_baseline(path)
-        seeds = list(protocol.seeds)
-        if len(seeds) < 2 and mode != "exact":
-            raise HarnessError(
-                f"{protocol.path}: the check needs at least 2 seeds for its statistical mode"
-            )
-    # Always fresh runs (a finished result is never reused: the code may have changed), kept
-    # when anything below fails so that no finished run is lost.
+    if not path.exists():
+        raise HarnessError(
+            f"no baseline file {path}: pass --baselines DIR (a clone's "
+            "results/reference/baselines) or create it with "
+            f"`{program_name()} check --protocol {protocol.name} --update --reason TEXT`"
+        )
+    baseline = load_baseline(path)
+    seeds = list(protocol.seeds)
+    if len(seeds) < 2 and mode != "exact":
+        raise HarnessError(
+            f"{protocol.path}: the check needs at least 2 seeds for its statistical mode"
+        )
+    with _fresh_runs(results_dir) as runs_dir:
+        runs = run_protocol(protocol, names, seeds, runs_dir, device)
+        return report(baseline, protocol, runs, seeds, mode, path, full)
+
+
+def update_baselines(
+    protocol_name: str,
+    methods: list[str] | None,
+    baseline_dir: Path,
+    reason: str,
+    *,
+    device: str = "auto",
+    baseline_seeds: int = BASELINE_SEEDS,
+) -> tuple[bool, str]:
+    """Remake the baseline file from fresh runs of `baseline_seeds` seeds (0..N-1), saying
+    why; returns (every method recorded, what was written)."""
+    if not reason.strip():
+        raise HarnessError("--update needs a non-empty --reason saying why the numbers change")
+    names, protocol = _checked(protocol_name, methods)
+    seeds = list(range(baseline_seeds))
+    if not set(protocol.seeds) <= set(seeds) or baseline_seeds < 3:
+        raise HarnessError(
+            f"--baseline-seeds {baseline_seeds} must be at least 3 and cover the protocol's "
+            f"check seeds {protocol.seeds}"
+        )
+    path = baseline_path(protocol.name, baseline_dir)
+    with _fresh_runs(None) as runs_dir:
+        runs = run_protocol(protocol, names, seeds, runs_dir, device)
+        left_out = update(path, protocol, runs, seeds, reason, bool(methods))
+    note = f"; failed runs left out: {', '.join(left_out)}" if left_out else ""
+    return not left_out, f"baselines for seeds {seeds} written to {path}{note}"
+
+
+def _checked(protocol_name: str, methods: list[str] | None) -> tuple[list[str], Protocol]:
+    """The methods (default: every registered one; a misspelt name is one line, before any
+    folder is made) and the parsed protocol."""
+    names = methods or METHODS.names()
+    for name in names:
+        METHODS.get(name)
+    return names, load_protocol(protocol_name)
+
+
+@contextlib.contextmanager
+def _fresh_runs(results_dir: Path | None) -> Iterator[Path]:
+    """A folder for the check's runs: always fresh runs (a finished result is never reused:
+    the code may have changed); a temporary one is removed afterwards, but kept when anything
+    fails, so that no finished run is lost."""
     runs_dir = Path(results_dir or tempfile.mkdtemp(prefix="harness-check-"))
     try:
-        runs = run_protocol(protocol, names, seeds, runs_dir, device)
-        if update_reason is not None:
-            left_out = update(path, protocol, runs, seeds, update_reason, bool(methods))
-            note = f"; failed runs left out: {', '.join(left_out)}" if left_out else ""
-            outcome = not left_out, f"baselines for seeds {seeds} written to {path}{note}"
-        else:
-            outcome = report(baseline, protocol, runs, seeds, mode, path, full)
+        yield runs_dir
     except BaseException:
         log.warning("the check's run results are kept in %s", runs_dir)
         raise
     if results_dir is None:
         shutil.rmtree(runs_dir, ignore_errors=True)
-    return outcome
 
 
 def report(
