@@ -1,7 +1,7 @@
 """tests/benchmarks/gpu_checks.sh, the GPU checks that a session with a lent GPU runs in two
-calls: every step the README names exists, the script parses, and two of its steps run on
-the CPU (DEVICE=cpu) and write their summary and archive. The whole script on the CPU takes
-about 9 minutes (README, GPU); these cheap steps keep its plumbing honest in CI."""
+calls: every step the docs' GPU page names exists, the script parses, and two of its steps run
+on the CPU (DEVICE=cpu) and write their summary and archive. The whole script on the CPU takes
+about 9 minutes (docs/gpu.md); these cheap steps keep its plumbing honest in CI."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def _steps() -> set[str]:
     return defined
 
 
-def test_the_readme_calls_only_steps_the_script_has():
-    calls = re.findall(r"^bash tests/benchmarks/gpu_checks.sh ([\w ]+?)\s+#", (REPO / "README.md")
-                       .read_text(), re.M)  # fmt: skip
+def test_the_docs_call_only_steps_the_script_has():
+    calls = re.findall(r"^bash tests/benchmarks/gpu_checks.sh ([\w ]+?)\s+#",
+                       (REPO / "docs" / "gpu.md").read_text(), re.M)  # fmt: skip
     assert len(calls) == 2
     named = [step for call in calls for step in call.split()]
     assert sorted(named) == sorted(_steps())  # every step, once, in the two calls
