@@ -14,6 +14,8 @@ from harness.cost import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_REPEATS,
     DEFAULT_STEPS,
+    CostOptions,
+    cost_context,
     devices_path,
     figure_path,
     measure_cost,
@@ -115,11 +117,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
     names = _cost_methods(args, protocol)
     if args.devices is not None:
         return _cost_devices(args, protocol, names)
-    record = measure_cost(
-        protocol, names, sizes, device=resolve_device(args.device), repeats=args.repeats,
-        steps=args.steps, data_root=args.data_root, overhead=not args.no_overhead,
+    options = CostOptions(
+        sizes, repeats=args.repeats, steps=args.steps, overhead=not args.no_overhead,
         breakdown=args.overhead_breakdown, overhead_on=getattr(args, "overhead_method", None),
     )  # fmt: skip
+    ctx = cost_context(protocol, resolve_device(args.device), args.data_root)
+    record = measure_cost(ctx, names, options)
     results_dir = Path(args.results_dir)
     # with the file's other methods when comparable, else archiving it; under the file's lock
     written, path, figure = save_cost(
@@ -166,9 +169,8 @@ def _cost_pipeline(args: argparse.Namespace, protocol: Protocol) -> int:
     if len(asked) > 1:
         raise HarnessError("--pipeline trains one method for the data-wait share: give one name "
                            "to --methods (or none)")  # fmt: skip
-    record = measure_pipeline(protocol, args.data_root, counts, device=resolve_device(args.device),
-                              steps=args.steps, method=asked[0] if asked else None,
-                              decoder=args.decoder)  # fmt: skip
+    ctx = cost_context(protocol, resolve_device(args.device), args.data_root, args.decoder)
+    record = measure_pipeline(ctx, counts, steps=args.steps, method=asked[0] if asked else None)
     path = Path(args.results_dir) / "cost" / "pipeline" / f"{protocol.name}.json"
     replace_record(path, record, Path(args.results_dir))
     if args.json:

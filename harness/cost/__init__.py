@@ -9,11 +9,16 @@ the protocol's sampler, so m must be a multiple of K):
 - the growth exponent b of cost ~ a * m^b (`fit.py`: the fit and the rule that names a
   complexity class, or says "unclear" when the fit does not support one);
 - throughput (`throughput.py`) on the protocol's real data: images per second of the
-  harness's own training step (`harness.train.step`) and the share of it spent in mining + loss;
+  harness's own training step, with its own optimizer, sampler and feeder (the parts
+  `harness.train.start_training` gives `harness.train.train`), and the share of it spent in
+  mining + loss;
 - scaling across devices (`devices.py`, `--devices 1,2,...`): one method's training step
   under torchrun on N processes against one, as speedup and efficiency;
 - harness overhead (`overhead.py`): `harness.train.train` against a hand-written loop doing
-  the same steps on the same model and batches, alternated, as a throughput ratio.
+  the same steps on the same model and batches, alternated, as a throughput ratio (the bare
+  loop is the one training setup written out here: it is the yardstick);
+- the data pipeline (`pipeline.py`, `--pipeline`): the run's feeder's images/s per worker
+  count and the data-wait share of the harness's step.
 
 `measure.py` runs all of it for a protocol; `records.py` writes results/cost/<protocol>.json
 (merged with the file there when it was measured comparably, else archiving it).
@@ -23,7 +28,7 @@ the command line (and all printing) is in `harness.cli`.
 
 from harness.cost.devices import DEFAULT_COUNTS, measure_devices, parse_counts
 from harness.cost.fit import COMPLEXITIES, PowerFit, fit_power_law, fits
-from harness.cost.measure import measure_cost
+from harness.cost.measure import CostOptions, measure_cost
 from harness.cost.overhead import (
     OVERHEAD_PIECES,
     OVERHEAD_TARGET,
@@ -52,11 +57,12 @@ from harness.cost.scaling import (
     measure_scaling,
     parse_batch_sizes,
 )
-from harness.cost.throughput import DEFAULT_STEPS, measure_throughput
+from harness.cost.throughput import DEFAULT_STEPS, cost_context, measure_throughput
 
 __all__ = [
     "COMPLEXITIES",
     "COST_SCHEMA",
+    "CostOptions",
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_COUNTS",
     "DEFAULT_REPEATS",
@@ -64,6 +70,7 @@ __all__ = [
     "OVERHEAD_PIECES",
     "OVERHEAD_TARGET",
     "PowerFit",
+    "cost_context",
     "cost_path",
     "devices_path",
     "figure_path",

@@ -28,7 +28,7 @@ from typing import Any
 from harness.core import HarnessError, init_from_env, load_methods, load_protocol, resolve_device
 from harness.cost.measure import _setup
 from harness.cost.records import COST_SCHEMA
-from harness.cost.throughput import WARMUP_STEPS, measure_throughput, random_init
+from harness.cost.throughput import WARMUP_STEPS, cost_context, measure_throughput, random_init
 from harness.data import prepare_data
 from harness.records import environment
 
@@ -152,11 +152,10 @@ def _rank(argv: list[str]) -> None:
     here = init_from_env(device)
     protocol = load_protocol(args.protocol)
     prepared = prepare_data(protocol, args.data_root)
-    protocol = random_init(protocol)  # timing only, as `cost` does
-    setup = _setup(protocol, prepared, [args.method], 2, device)
-    model = setup.model(args.method)
-    measured = measure_throughput(model.backbone, model.method, prepared, protocol, device,
-                                  steps=args.steps, seed=setup.seed, dist=here)  # fmt: skip
+    ctx = cost_context(random_init(protocol), device, args.data_root)  # timing only, as `cost`
+    setup = _setup(ctx.replace(dist=here), prepared, [args.method], 2)
+    measured = measure_throughput(setup.ctx, setup.model(args.method), setup.data,
+                                  steps=args.steps)  # fmt: skip
     if here.is_main:
         ips = measured["images_per_second"]
         row = {"processes": here.world_size, "backend": here.backend, "images_per_second": ips,

@@ -2,8 +2,10 @@
 results/cost/<protocol>.json: per method, scaling on random inputs (with its fits) and the
 throughput of the training step; then the harness's overhead on one method.
 
-Models come from `harness.train.model`, the runner's own builder: throughput and overhead time
-the very model a run trains (the same seed, so the same initial backbone for every method).
+Models come from `harness.train.build_model`, the runner's own builder, and are trained by
+the harness's own loop parts (`harness.train.start_training`, `harness.train.train`):
+throughput and overhead time the very model and step a run trains (the same seed, so the
+same initial backbone for every method).
 The synthetic-scaling method is built for a context with room for the largest P classes.
 """
 
@@ -25,6 +27,7 @@ from harness.cost.overhead import measure_overhead, overhead_method
 from harness.cost.records import COST_SCHEMA, log_line
 from harness.cost.scaling import (
     CELL_SECONDS,
+    DEFAULT_BATCH_SIZES,
     DEFAULT_REPEATS,
     SLOW_CALL,
     measure_scaling,
@@ -35,30 +38,45 @@ from harness.cost.throughput import (
     WARMUP_STEPS,
     measure_throughput,
     random_init,
+    training_set,
 )
 from harness.data import prepare_data
 from harness.records import environment
 from harness.train import build_method, build_model, build_seeded_backbone
 
 if TYPE_CHECKING:
-    import torch
-
-    from harness.core import Method, MethodContext, Protocol
+    from harness.core import Method, RunContext
     from harness.data import PreparedData
-    from harness.train import Model
+    from harness.train import Model, TrainingSet
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class CostOptions:
+    """What `python -m harness cost` measures and how long: the batch sizes m of the
+    scaling, its timed calls per size (at most), the training steps timed per method for
+    throughput, whether to compare the harness with the bare loop (`overhead`), with each
+    piece of bookkeeping alone (`breakdown`), and on which method (`overhead_on`; None: the
+    first method whose throughput was measured)."""
+
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES
+    repeats: int = DEFAULT_REPEATS
+    steps: int = DEFAULT_STEPS
+    overhead: bool = True
+    breakdown: bool = False
+    overhead_on: str | None = None
+
+
 @dataclass
 class _Setup:
-    """What every method's measurement shares: the protocol, its data, the seed, the
-    resolved hyperparameters, and the contexts the methods are built for."""
+    """What every method's measurement shares: the run context (the protocol with a random
+    backbone, the seed, the device), the data, the resolved hyperparameters, and the contexts
+    the methods are built for."""
 
-    protocol: Protocol
+    ctx: RunContext
     prepared: PreparedData
-    device: torch.device
-    seed: int
+    data: TrainingSet
     hyper: dict[str, dict[str, Any]]
     context: MethodContext  # the real one, as in `run`
     synthetic: MethodContext  # room for the largest P random classes
@@ -66,36 +84,31 @@ class _Setup:
     def model(self, name: str) -> Model:
         """The model `run` would train for this method (same builder, same seed)."""
 
-        data = self.prepared.data
         return build_model(
-            self.protocol, name, self.hyper[name], self.seed, self.device,
-            in_channels=data.images.shape[1], num_classes=self.context.num_classes,
+            self.ctx, name, self.hyper[name], in_channels=self.prepared.data.images.shape[1],
+            num_classes=self.context.num_classes,
             num_coarse_classes=self.context.num_coarse_classes,
         )  # fmt: skip
 
     def synthetic_method(self, name: str) -> Method:
         import torch
 
-        torch.manual_seed(self.seed)
-        return build_method(name, self.synthetic, self.hyper[name], self.device)
+        torch.manual_seed(self.ctx.seed)
+        return build_method(name, self.synthetic, self.hyper[name], self.ctx.device)
 
 
-def _setup(
-    protocol: Protocol, prepared: PreparedData, names: Sequence[str], largest_p: int,
-    device: torch.device,
-) -> _Setup:  # fmt: skip
-
-    seed = protocol.seeds[0]
+def _setup(ctx: RunContext, prepared: PreparedData, names: Sequence[str], largest_p: int) -> _Setup:
+    """The shared setup for `names` under `ctx` (whose protocol is the one timed)."""
     data, split = prepared.data, prepared.split
-    hyper = {n: protocol_hyperparameters(protocol, n) for n in names}
+    hyper = {n: protocol_hyperparameters(ctx.protocol, n) for n in names}
     num_coarse = len(data.coarse_names) if data.coarse_names else None
-    backbone = build_seeded_backbone(protocol, seed, device, data.images.shape[1])
-    context = MethodContext(tuple(backbone.stage_dims), protocol.embedding_dim,
+    backbone = build_seeded_backbone(ctx, data.images.shape[1])
+    context = MethodContext(tuple(backbone.stage_dims), ctx.protocol.embedding_dim,
                             len(np.unique(data.labels[split.train])), num_coarse)  # fmt: skip
     # random classes need room for the largest P; a classifier head then has that many rows
     synthetic = dataclasses.replace(context, num_classes=max(context.num_classes, largest_p),
                                     num_coarse_classes=num_coarse or 4)  # fmt: skip
-    return _Setup(protocol, prepared, device, seed, hyper, context, synthetic)
+    return _Setup(ctx, prepared, training_set(prepared), hyper, context, synthetic)
 
 
 # What a method with no miner does instead, by family: the cost table's note
@@ -115,13 +128,11 @@ def _method_entry(name: str, version: int, family: str, hyper: dict[str, Any]) -
             "measurements": [], "throughput": None}  # fmt: skip
 
 
-def _measure_method(
-    setup: _Setup, name: str, batch_sizes: list[int], repeats: int, steps: int
-) -> dict[str, Any]:
+def _measure_method(setup: _Setup, name: str, options: CostOptions) -> dict[str, Any]:
     """One method's entry: scaling and fits, then throughput; a failure is recorded in the
-    entry (one broken method does not stop the others)."""
+    entry (one broken method does not stop the others). `options.batch_sizes`: parsed."""
 
-    spec, protocol = METHODS.get(name), setup.protocol
+    spec, protocol = METHODS.get(name), setup.ctx.protocol
     entry = _method_entry(name, spec.version, spec.family, setup.hyper[name])
     try:
         method = setup.synthetic_method(name)
@@ -130,12 +141,8 @@ def _measure_method(
             log.info("cost %s: not applicable (no loss)", name)
             return entry
         t0 = time.perf_counter()
-        cells = measure_scaling(
-            method, setup.context.stage_dims, batch_sizes, protocol.sampler.images_per_class,
-            num_classes=setup.synthetic.num_classes,
-            num_coarse=setup.synthetic.num_coarse_classes, device=setup.device,
-            repeats=repeats, seed=setup.seed,
-        )  # fmt: skip
+        cells = measure_scaling(setup.ctx, method, setup.synthetic, options.batch_sizes,
+                                repeats=options.repeats)  # fmt: skip
         fitted = fits(cells)
         entry.update(fit_summary(fitted), has_miner=method.miner is not None, measurements=cells)
         if method.miner is None:
@@ -144,11 +151,8 @@ def _measure_method(
         if spec.needs_coarse_labels and not setup.prepared.data.has_coarse:
             entry["reason"] = f"{protocol.dataset.name} has no coarse labels: no throughput"
         else:
-            model = setup.model(name)
-            entry["throughput"] = measure_throughput(
-                model.backbone, model.method, setup.prepared, protocol, setup.device,
-                steps=steps, seed=setup.seed,
-            )  # fmt: skip
+            entry["throughput"] = measure_throughput(setup.ctx, setup.model(name), setup.data,
+                                                     steps=options.steps)  # fmt: skip
         log.info("cost %s: %s; %.1f s", name, log_line(entry), time.perf_counter() - t0)
     except (KeyboardInterrupt, HarnessError):
         raise
@@ -159,66 +163,56 @@ def _measure_method(
 
 
 def measure_cost(
-    protocol: Protocol,
-    names: Sequence[str],
-    batch_sizes: Sequence[int],
-    *,
-    device: torch.device,
-    repeats: int = DEFAULT_REPEATS,
-    steps: int = DEFAULT_STEPS,
-    data_root: str | None = None,
-    overhead: bool = True,
-    breakdown: bool = False,
-    overhead_on: str | None = None,
+    ctx: RunContext, names: Sequence[str], options: CostOptions = CostOptions()
 ) -> dict[str, Any]:
-    """Everything `python -m harness cost` measures, as the record written to
-    results/cost/<protocol>.json. Method names must be registered. The overhead is measured
-    on `overhead_on` if given, else on the first method whose throughput was measured."""
+    """Everything `python -m harness cost` measures under `ctx` (see cost_context), as the
+    record written to results/cost/<protocol>.json. Method names must be registered. The
+    overhead is measured on `options.overhead_on` if given, else on the first method whose
+    throughput was measured. The backbone is timed randomly initialised (random_init)."""
 
-    sizes = parse_batch_sizes(batch_sizes, protocol.sampler.images_per_class)
-    k = protocol.sampler.images_per_class
+    protocol, k = ctx.protocol, ctx.protocol.sampler.images_per_class
+    options = dataclasses.replace(options, batch_sizes=parse_batch_sizes(options.batch_sizes, k))
+    sizes = list(options.batch_sizes)
     started = time.perf_counter()
-    timed = random_init(protocol)
     pretrained = protocol.backbone.pretrained != "none" or bool(protocol.backbone.weights_file)
-    setup = _setup(timed, prepare_data(protocol, data_root), list(names), max(sizes) // k,
-                   device)  # fmt: skip
-    entries = [_measure_method(setup, name, sizes, repeats, steps) for name in names]
+    setup = _setup(ctx.replace(protocol=random_init(protocol)),
+                   prepare_data(protocol, ctx.data_root), list(names), max(sizes) // k)  # fmt: skip
+    entries = [_measure_method(setup, name, options) for name in names]
     record: dict[str, Any] = {
         "schema": COST_SCHEMA,
         "kind": "cost",
         "protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash,
                      "path": protocol.path},
-        "settings": {"batch_sizes": sizes, "images_per_class": k, "repeats": repeats,
+        "settings": {"batch_sizes": sizes, "images_per_class": k, "repeats": options.repeats,
                      "cell_seconds": CELL_SECONDS, "slow_call_seconds": SLOW_CALL,
-                     "throughput_steps": steps, "warmup_steps": WARMUP_STEPS,
+                     "throughput_steps": options.steps, "warmup_steps": WARMUP_STEPS,
                      "stage_dims": list(setup.context.stage_dims),
                      "embedding_dim": protocol.embedding_dim,
-                     "synthetic_classes": setup.synthetic.num_classes, "seed": setup.seed,
+                     "synthetic_classes": setup.synthetic.num_classes, "seed": setup.ctx.seed,
                      "backbone_weights": "random (timing only)" if pretrained else "none"},
         "methods": entries,
-        "overhead": _overhead(setup, entries, breakdown, overhead_on) if overhead else None,
+        "overhead": _overhead(setup, entries, options) if options.overhead else None,
     }  # fmt: skip
     record["seconds"] = round(time.perf_counter() - started, 1)
     record["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    record["environment"] = environment(device)
+    record["environment"] = environment(ctx.device)
     return record
 
 
 def _overhead(
-    setup: _Setup, entries: list[dict[str, Any]], breakdown: bool, asked: str | None
+    setup: _Setup, entries: list[dict[str, Any]], options: CostOptions
 ) -> dict[str, Any] | None:
     """The harness-versus-bare-loop comparison on the chosen method (see overhead_method);
     None when no method's throughput was measured, or the asked one's was not."""
     measured = [e["method"] for e in entries if e["status"] == "ok" and e.get("throughput")]
-    name = overhead_method(measured, asked)
+    name = overhead_method(measured, options.overhead_on)
     if name is None or name not in measured:
         if name is not None:
             log.warning("cost: no overhead measured: %s had no throughput measured", name)
         return None
     t0 = time.perf_counter()
-    model = setup.model(name)
-    result = measure_overhead(model.backbone, model.method, setup.prepared, setup.protocol,
-                              setup.device, seed=setup.seed, breakdown=breakdown)  # fmt: skip
+    result = measure_overhead(setup.ctx, setup.model(name), setup.data,
+                              breakdown=options.breakdown)  # fmt: skip
     result["method"] = name
     log.info("cost: harness/bare throughput %.3f (%s, %d steps x %d rounds); %.1f s",
              result["ratio"], name, result["steps"], result["rounds"],

@@ -1,8 +1,11 @@
 """Harness overhead: `harness.train.train` against a hand-written loop doing the same steps
 on the same model and batches, alternated, as a throughput ratio (target >= 0.95).
 
-`_bare_loop` is the reference the harness is measured against: it is written out by hand
-and must stay independent of the harness's training step (`harness.train.step`). torch is imported
+`_bare_loop` is the reference the harness is measured against: the one training loop of
+`cost/` written out by hand (plain PyTorch), it must stay independent of the harness's
+training step (`harness.train.step`). What it trains on is the harness's own: the model
+`harness.train.build_model` made, the batches the loop's sampler draws and its feeder
+prepares (`harness.train.start_training`), grouped in `BareInputs`. torch is imported
 inside the functions, so building the CLI parser stays fast.
 """
 
@@ -10,24 +13,32 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import os
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.core import Batch, Embedded, PhaseTimer
-from harness.cost.throughput import stage_batches
-from harness.data import PKSampler, contiguous
-from harness.train import make_optimizer, parameter_groups, save_checkpoint, total_steps, train
+from harness.train import (
+    Checkpoint,
+    Model,
+    TrainingSet,
+    make_optimizer,
+    parameter_groups,
+    save_checkpoint,
+    start_training,
+    train,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from harness.core import Method, Protocol
-    from harness.data import PreparedData
+    from harness.core import Method, Protocol, RunContext
 
 OVERHEAD_ROUNDS = 7
 OVERHEAD_MAX_STEPS = 100
@@ -58,25 +69,33 @@ def _quiet() -> Iterator[None]:
             train_log.setLevel(level)
 
 
+@dataclass(frozen=True)
+class BareInputs:
+    """What the bare loop trains on, ready before its clock starts: `images` in memory,
+    indexed by each batch, or (a list) each batch's images already prepared on the device;
+    the labels and coarse labels on the device; the batches' indices; the protocol (its
+    precision and optimizer) and the device; and, for the "checkpoint" piece, where to save
+    its state at every `per_epoch`-th step."""
+
+    images: Any
+    labels: torch.Tensor
+    coarse: torch.Tensor | None
+    batches: list[torch.Tensor]
+    protocol: Protocol
+    device: torch.device
+    checkpoint: Path | None = None
+    per_epoch: int = 0
+
+
 def _bare_loop(
-    backbone: torch.nn.Module,
-    method: Method,
-    images: torch.Tensor | list[torch.Tensor],
-    labels_t: torch.Tensor,
-    coarse_t: torch.Tensor | None,
-    batches: list[torch.Tensor],
-    protocol: Protocol,
-    device: torch.device,
+    backbone: torch.nn.Module, method: Method, inputs: BareInputs,
     extras: frozenset[str] = frozenset(),
-    checkpoint: Path | None = None,
-    per_epoch: int = 0,
-) -> None:
-    """The training step written out by hand, nothing else. `images`: the images in memory,
-    indexed by each batch, or (a list) each batch's images already prepared on the device.
-    The backbone and head run under autocast in the protocol's precision, the loss in
-    float32, as the harness's step does. `extras` adds the harness's bookkeeping one piece
-    at a time, to find what costs: "item" (the loss read back every step), "check" (the
-    miner's index check and counts), "timers" (PhaseTimer around mining and loss),
+) -> None:  # fmt: skip
+    """The training step written out by hand in plain PyTorch, nothing else, on every batch
+    of `inputs`. The backbone and head run under autocast in the protocol's precision, the
+    loss in float32, as the harness's step does. `extras` adds the harness's bookkeeping one
+    piece at a time, to find what costs: "item" (the loss read back every step), "check"
+    (the miner's index check and counts), "timers" (PhaseTimer around mining and loss),
     "progress" (a tqdm bar updated every step), "lr" (the schedule set every step),
     "checkpoint" (the state saved at each epoch end)."""
     import torch
@@ -84,27 +103,19 @@ def _bare_loop(
     from tqdm import tqdm
 
     modules = nn.ModuleList([m for m in (backbone, method.head, method.loss) if m is not None])
-    optimizer = make_optimizer(parameter_groups(backbone, method), protocol)
+    optimizer = make_optimizer(parameter_groups(backbone, method), inputs.protocol)
     modules.train()
-    timer = PhaseTimer(device)
+    timer = PhaseTimer(inputs.device)
     phase = timer.phase if "timers" in extras else (lambda name: contextlib.nullcontext())
-    bar = tqdm(total=len(batches), disable="progress" not in extras, leave=False)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(protocol.precision)
-    scaler = torch.amp.GradScaler(device.type) if protocol.precision == "fp16" else None
-    for step, idx in enumerate(batches):
+    bar = tqdm(total=len(inputs.batches), disable="progress" not in extras, leave=False)
+    fp16 = inputs.protocol.precision == "fp16"
+    scaler = torch.amp.GradScaler(inputs.device.type) if fp16 else None
+    save = inputs.checkpoint if "checkpoint" in extras else None
+    for step, idx in enumerate(inputs.batches):
         if "lr" in extras:
             for group in optimizer.param_groups:
-                group["lr"] = protocol.optimizer.lr * group.get("lr_scale", 1.0)
-        staged = images[step] if isinstance(images, list) else images[idx]
-        x = backbone.prepare(staged.to(device, non_blocking=True))
-        idx_dev = idx.to(device, non_blocking=True)
-        batch = Batch(labels_t[idx_dev], None if coarse_t is None else coarse_t[idx_dev])
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            out = method.head(backbone(x))
-        if dtype is not None:
-            out = Embedded(out.embedding.float(),
-                           {k: v.float() if v.is_floating_point() else v
-                            for k, v in out.extras.items()})  # fmt: skip
+                group["lr"] = inputs.protocol.optimizer.lr * group.get("lr_scale", 1.0)
+        out, batch = _bare_forward(backbone, method, inputs, step, idx)
         mined = None
         if method.miner is not None:
             with phase("mining"), torch.no_grad():
@@ -114,81 +125,112 @@ def _bare_loop(
                 _ = mined.count(), mined.evaluated
         with phase("loss"):
             loss = method.loss(out, batch, mined)
-        if "item" in extras:
-            value = float(loss.detach())
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+        value = float(loss.detach()) if "item" in extras else 0.0
+        _bare_update(loss, optimizer, scaler)
         if "progress" in extras:
             bar.update(1)
-            bar.set_postfix(loss=f"{value if 'item' in extras else 0.0:.4f}", refresh=False)
-        if checkpoint is not None and per_epoch and (step + 1) % per_epoch == 0:
-            save_checkpoint(checkpoint, {"modules": modules.state_dict(),
-                                         "optimizer": optimizer.state_dict()})  # fmt: skip
+            bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+        if save is not None and inputs.per_epoch and (step + 1) % inputs.per_epoch == 0:
+            save_checkpoint(save, {"modules": modules.state_dict(),
+                                   "optimizer": optimizer.state_dict()})  # fmt: skip
     bar.close()
+
+
+def _bare_forward(
+    backbone: torch.nn.Module, method: Method, inputs: BareInputs, step: int, idx: torch.Tensor
+) -> tuple[Embedded, Batch]:
+    """The batch's embeddings (backbone and head under autocast, then float32) and labels."""
+    import torch
+
+    staged = inputs.images[step] if isinstance(inputs.images, list) else inputs.images[idx]
+    x = backbone.prepare(staged.to(inputs.device, non_blocking=True))
+    idx_dev = idx.to(inputs.device, non_blocking=True)
+    coarse = None if inputs.coarse is None else inputs.coarse[idx_dev]
+    batch = Batch(inputs.labels[idx_dev], coarse)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(inputs.protocol.precision)
+    device_type = inputs.device.type
+    with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        out = method.head(backbone(x))
+    if dtype is not None:
+        out = Embedded(out.embedding.float(),
+                       {k: v.float() if v.is_floating_point() else v
+                        for k, v in out.extras.items()})  # fmt: skip
+    return out, batch
+
+
+def _bare_update(
+    loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+) -> None:
+    """Gradients and the optimizer's step (fp16: through the loss scaler)."""
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+
+def _needs_preparing(images: Any, protocol: Protocol) -> bool:
+    """Whether a run's feeder does work on each batch: images read from disk or augmented."""
+    return bool(protocol.augmentation.train) or hasattr(images, "load")
 
 
 class _Loops:
     """The two loops compared, each timed on a fresh copy of the same initial model, the
-    same batches and the same method. The harness saves its epoch-end checkpoint into a
-    temporary folder, deleted after each run (else the next round would resume from it)."""
+    same batches and the same method. The batches are the harness loop's own: drawn from
+    its sampler and prepared by its feeder (`harness.train.start_training`). The harness
+    saves its epoch-end checkpoint into a temporary folder, deleted after each run (else the
+    next round would resume from it)."""
 
-    def __init__(
-        self, backbone: torch.nn.Module, method: Method, prepared: PreparedData,
-        protocol: Protocol, device: torch.device, seed: int, ckpt: Path,
-    ) -> None:  # fmt: skip
+    def __init__(self, ctx: RunContext, model: Model, data: TrainingSet, ckpt: Path) -> None:
+        self.ctx, self.model, self.data, self.ckpt = ctx, model, data, ckpt
+        self.timer = PhaseTimer(ctx.device)
+        self.startups: list[float] = []  # the harness rounds' worker start-up seconds
+        parts = start_training(ctx.replace(workers=0), copy.deepcopy(model), data)
+        try:
+            self.per_epoch = parts.state.sampler.batches_per_epoch
+            self.steps = min(self.per_epoch + 1, OVERHEAD_MAX_STEPS, parts.total)
+            fed = list(parts.batches(until=self.steps))
+        finally:
+            parts.close()
+        self.images_per_run = self.steps * ctx.protocol.sampler.batch_size
+        self.inputs = self._inputs(fed)
+
+    def _inputs(self, fed: list[tuple[int, torch.Tensor, torch.Tensor]]) -> BareInputs:
+        """Images read from disk or augmented: each batch as the harness's feeder prepares
+        it, once, up front, kept on the device, so the bare loop measures the model alone
+        (the issue's "data already on the GPU"), while the harness loop prepares them as a
+        run does. Images in memory without augmentation are indexed by both loops alike."""
         import torch
 
-        data, split = prepared.data, prepared.split
-        self.backbone, self.method, self.protocol, self.device = backbone, method, protocol, device
-        self.seed, self.ckpt, self.timer = seed, ckpt, PhaseTimer(device)
-        self.startups: list[float] = []  # the harness rounds' worker start-up seconds
-        self.images = data.images[split.train]
-        self.labels = contiguous(data.labels[split.train])
-        self.coarse = None if data.coarse_labels is None else data.coarse_labels[split.train]
-        p, k = protocol.sampler.classes_per_batch, protocol.sampler.images_per_class
-        sampler = PKSampler(self.labels, p, k, seed)
-        self.per_epoch = sampler.batches_per_epoch
-        budget = total_steps(protocol, self.per_epoch, None)
-        self.steps = min(self.per_epoch + 1, OVERHEAD_MAX_STEPS, budget)
-        self.images_per_run = self.steps * p * k
-        self.batches = [torch.from_numpy(sampler.next_batch()) for _ in range(self.steps)]
-        self.staged = self._stage(protocol, seed, device)
-        self.labels_t = torch.as_tensor(self.labels, device=device)
-        self.coarse_t = None if self.coarse is None else torch.as_tensor(self.coarse, device=device)
-
-    def _stage(self, protocol: Protocol, seed: int, device: torch.device) -> list | None:
-        """Images read from disk or augmented: each batch prepared once, up front, and kept on
-        the device, so the bare loop measures the model alone (the issue's "data already on
-        the GPU"), while the harness loop prepares them as a run does. None: images in
-        memory without augmentation, indexed by both loops alike."""
-
-        staged = stage_batches(self.images, protocol, seed, list(enumerate(self.batches)))
-        return None if staged is None else [x.to(device) for x in staged]
+        device, data = self.ctx.device, self.data
+        staged = _needs_preparing(data.images, self.ctx.protocol)
+        images = [x.to(device) for _, _, x in fed] if staged else data.images
+        coarse = data.coarse_labels
+        return BareInputs(
+            images, torch.as_tensor(data.labels, device=device),
+            None if coarse is None else torch.as_tensor(coarse, device=device),
+            [idx for _, idx, _ in fed], self.ctx.protocol, device, self.ckpt, self.per_epoch,
+        )  # fmt: skip
 
     def bare(self, extras: frozenset[str] = frozenset(), steps: int | None = None) -> float:
-        bb, mt = copy.deepcopy(self.backbone), copy.deepcopy(self.method)
+        model = copy.deepcopy(self.model)
+        inputs = dataclasses.replace(self.inputs, batches=self.inputs.batches[:steps])
         start = self.timer.now()
-        images = self.images if self.staged is None else self.staged
-        _bare_loop(bb, mt, images, self.labels_t, self.coarse_t, self.batches[:steps],
-                   self.protocol, self.device, extras,
-                   self.ckpt if "checkpoint" in extras else None, self.per_epoch)  # fmt: skip
+        _bare_loop(model.backbone, model.method, inputs, extras)
         seconds = self.timer.now() - start
         self.ckpt.unlink(missing_ok=True)
         return seconds
 
     def harness(self) -> float:
-
-        bb, mt = copy.deepcopy(self.backbone), copy.deepcopy(self.method)
+        """`harness.train.train` itself, as a run calls it (progress bar, epoch-end
+        checkpoint, the context's workers)."""
+        ctx = self.ctx.replace(max_steps=self.steps, progress=True)
         with _quiet():
-            stats = train(bb, mt, self.images, self.labels, self.coarse, self.protocol,
-                          self.seed, self.device, max_steps=self.steps, progress=True,
-                          checkpoint=self.ckpt, identity="cost-overhead")  # fmt: skip
+            stats = train(ctx, copy.deepcopy(self.model), self.data,
+                          checkpoint=Checkpoint(self.ckpt, "cost-overhead"))  # fmt: skip
         self.ckpt.unlink(missing_ok=True)  # else the next round would resume from it
         # the training seconds every result records (the steps with their data waits, loss
         # read-backs and epoch-end checkpoints; synchronised on CUDA), less the worker
@@ -218,29 +260,25 @@ class _Loops:
 
 
 def measure_overhead(
-    backbone: torch.nn.Module,
-    method: Method,
-    prepared: PreparedData,
-    protocol: Protocol,
-    device: torch.device,
+    ctx: RunContext,
+    model: Model,
+    data: TrainingSet,
     *,
     rounds: int = OVERHEAD_ROUNDS,
-    seed: int = 0,
     breakdown: bool = False,
 ) -> dict[str, Any]:
     """Throughput of `harness.train.train` against `_bare_loop` on the same model (a fresh
-    copy of the same initial state each time), the same batches (the sampler's sequence for
-    this seed, images already in memory) and the same method. The window is one epoch plus
-    a step (so the harness saves its epoch-end checkpoint, as in a real run), at most
-    OVERHEAD_MAX_STEPS. Rounds alternate which loop goes first; the ratio is the fastest
-    round of each (see `_Loops.alternate`). The harness's data workers start once per run, so
-    their start-up (the first batch's wait) is taken out of its rounds and reported alone
+    copy of the same initial state each time), the same batches (the harness loop's own for
+    the context's seed) and the same method. The window is one epoch plus a step (so the
+    harness saves its epoch-end checkpoint, as in a real run), at most OVERHEAD_MAX_STEPS.
+    Rounds alternate which loop goes first; the ratio is the fastest round of each (see
+    `_Loops.alternate`). The harness's data workers start once per run, so their start-up
+    (the first batch's wait) is taken out of its rounds and reported alone
     (`worker_startup_seconds`; 0 without workers). With `breakdown`, each piece of
     bookkeeping (OVERHEAD_PIECES) is added alone to the bare loop and timed against it the
     same way."""
     with tempfile.TemporaryDirectory(prefix="dml-cost-") as tmp:
-        loops = _Loops(backbone, method, prepared, protocol, device, seed,
-                       Path(tmp) / "overhead.pt")  # fmt: skip
+        loops = _Loops(ctx, model, data, Path(tmp) / "overhead.pt")
         with _quiet():  # warm-up
             loops.bare(steps=3)
         main = loops.alternate(loops.bare, loops.harness, rounds)

@@ -2,7 +2,7 @@
 number of worker processes, and the share of a training step spent waiting for data.
 
 The batches are the protocol's own (its P x K sampler over the training classes, its load
-size and train augmentation), prepared by `harness.data.pipeline.Feeder` exactly as in a run. The
+size and train augmentation), prepared by the run's feeder (`harness.train.run_feeder`) exactly as in a run. The
 first WARMUP_BATCHES of each count are not timed (worker start-up); then each count is timed
 ROUNDS times, alternated with the others, on at least `batches` batches rounded up to whole
 waves of its workers, and its fastest round is reported (all rounds are recorded): a shared machine's slow spells then do not decide the comparison. Each row's
@@ -25,11 +25,17 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from harness.core import METHODS, HarnessError, PhaseTimer, protocol_hyperparameters
-from harness.cost.throughput import measure_throughput, random_init
-from harness.data import Feeder, PKSampler, TrainPipeline, contiguous, decoded_by, prepare_data
+from harness.core import METHODS, HarnessError, PhaseTimer, RunContext, protocol_hyperparameters
+from harness.cost.throughput import measure_throughput, random_init, training_set
+from harness.data import decoded_by, prepare_data
 from harness.records import environment
-from harness.train import build_model
+from harness.train import (
+    TrainingSet,
+    build_model,
+    run_feeder,
+    run_sampler,
+    train_augmentation,
+)
 
 WARMUP_BATCHES = 4
 DEFAULT_BATCHES = 24
@@ -69,35 +75,51 @@ def timing_method(asked: str | None = None) -> str:
 
 
 def measure_pipeline(
-    protocol: Any,
-    data_root: str | None,
+    ctx: RunContext,
     counts: Sequence[int],
     *,
-    device: Any,
     batches: int = DEFAULT_BATCHES,
     steps: int = DEFAULT_BATCHES,
     method: str | None = None,
-    decoder: str = "pil",
 ) -> dict[str, Any]:
-    """The `cost --pipeline` record (see the module docstring)."""
+    """The `cost --pipeline` record (see the module docstring) for the context's protocol,
+    data root, device and decoder."""
 
     started = time.perf_counter()
-    prepared = prepare_data(protocol, data_root)
-    data, split = prepared.data, prepared.split
-    if decoder != "pil":
-        data = decoded_by(data, decoder, device, protocol)
+    protocol = ctx.protocol
+    prepared = prepare_data(protocol, ctx.data_root)
+    if ctx.decoder != "pil":
+        data = decoded_by(prepared.data, ctx.decoder, ctx.device, protocol)
         prepared = dataclasses.replace(prepared, data=data)
-    images, seed = data.images[split.train], protocol.seeds[0]
-    augment = (
-        TrainPipeline(protocol.augmentation.train, seed) if protocol.augmentation.train else None
-    )
-    spec = protocol.sampler
-    sampler = PKSampler(contiguous(data.labels[split.train]), spec.classes_per_batch,
-                        spec.images_per_class, seed)  # fmt: skip
+    data = training_set(prepared)
+    record: dict[str, Any] = {
+        "kind": "cost_pipeline",
+        "protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash},
+        "load_size": protocol.load_size,
+        "input_size": protocol.backbone.input_size,
+        "augmentation": [op.op for op in protocol.augmentation.train],
+        "decoder": ctx.decoder,
+        "batch_size": protocol.sampler.batch_size,
+        "pipeline": _rates(ctx, data, counts, batches, started),
+        **_data_wait(ctx.replace(workers=max(counts)), data, steps, timing_method(method)),
+    }
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    record["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record["environment"] = environment(ctx.device)
+    return record
+
+
+def _rates(
+    ctx: RunContext, data: TrainingSet, counts: Sequence[int], batches: int, started: float
+) -> list[dict[str, Any]]:
+    """Each worker count's row: the run's feeder (its sampler's batches, its augmentation)
+    with that many workers, timed ROUNDS times, alternated with the other counts."""
+    sampler = run_sampler(data.labels, ctx)
     sizes = {w: whole_waves(batches, w) for w in counts}
     keys = [(n, sampler.next_batch()) for n in range(WARMUP_BATCHES + max(sizes.values()))]
-    feeders = {w: Feeder(images, augment, w, device.type == "cuda") for w in counts}
-    clock = PhaseTimer(device)  # its now() waits for the torch decoder's queued kernels
+    augment = train_augmentation(ctx)
+    feeders = {w: run_feeder(ctx.replace(workers=w), data.images, augment) for w in counts}
+    clock = PhaseTimer(ctx.device)  # its now() waits for the torch decoder's queued kernels
     try:
         for w, feeder in feeders.items():  # worker start-up, first decodes: not timed
             log.info("pipeline: %d worker(s): warming up (%d batches)", w, WARMUP_BATCHES)
@@ -116,24 +138,8 @@ def measure_pipeline(
         for feeder in feeders.values():
             feeder.close()
     first = max(rates[counts[0]])
-    rows = [{"workers": w, "batches": sizes[w], "images_per_second": max(r),
+    return [{"workers": w, "batches": sizes[w], "images_per_second": max(r),
              "speedup": round(max(r) / first, 2), "rounds": r} for w, r in rates.items()]  # fmt: skip
-    record: dict[str, Any] = {
-        "kind": "cost_pipeline",
-        "protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash},
-        "load_size": protocol.load_size,
-        "input_size": protocol.backbone.input_size,
-        "augmentation": [op.op for op in protocol.augmentation.train],
-        "decoder": decoder,
-        "batch_size": spec.batch_size,
-        "pipeline": rows,
-        **_data_wait(protocol, prepared, steps, augment, max(counts),
-                     device, timing_method(method)),
-    }  # fmt: skip
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    record["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    record["environment"] = environment(device)
-    return record
 
 
 def whole_waves(batches: int, workers: int) -> int:
@@ -144,32 +150,24 @@ def whole_waves(batches: int, workers: int) -> int:
     return -(-batches // w) * w
 
 
-def _data_wait(
-    protocol: Any, prepared: Any, steps: int, augment: Any, workers: int, device: Any,
-    method: str,
-) -> dict[str, Any]:  # fmt: skip
-    """Training steps fed by `workers` processes, timed as a run takes them: the share of
-    their time spent waiting for data."""
+def _data_wait(ctx: RunContext, data: TrainingSet, steps: int, method: str) -> dict[str, Any]:
+    """Training steps of `method` fed by the context's workers, timed as a run takes them
+    (the harness's own step and feeder, see measure_throughput): the share of their time
+    spent waiting for data."""
     import numpy as np
 
-    data, split = prepared.data, prepared.split
-    timed = random_init(protocol)
-    labels = contiguous(data.labels[split.train])
-    model = build_model(timed, method, protocol_hyperparameters(timed, method),
-                        protocol.seeds[0], device, in_channels=data.images.shape[1],
-                        num_classes=len(np.unique(labels)), num_coarse_classes=None)  # fmt: skip
-    feeder = Feeder(data.images[split.train], augment, workers, device.type == "cuda")
+    protocol = ctx.protocol
+    timed = ctx.replace(protocol=random_init(protocol))
+    model = build_model(timed, method, protocol_hyperparameters(timed.protocol, method),
+                        in_channels=data.images.shape[1],
+                        num_classes=len(np.unique(data.labels)), num_coarse_classes=None)  # fmt: skip
     log.info("pipeline: data-wait share: %d training steps of %s, %d worker(s)", steps, method,
-             workers)  # fmt: skip
-    try:
-        measured = measure_throughput(model.backbone, model.method, prepared, timed, device,
-                                      steps=steps, warmup=WARMUP_BATCHES, seed=protocol.seeds[0],
-                                      feeder=feeder, split_backward=False)  # fmt: skip
-    finally:
-        feeder.close()
+             ctx.workers)  # fmt: skip
+    measured = measure_throughput(timed, model, data, steps=steps, warmup=WARMUP_BATCHES,
+                                  fed=True, split_backward=False)  # fmt: skip
     return {
         "data_wait_share": measured["data_wait_share"],
-        "training": {"workers": workers, "steps": steps, "backbone": protocol.backbone.name,
+        "training": {"workers": ctx.workers, "steps": steps, "backbone": protocol.backbone.name,
                      "method": method, "step_ms": measured["step_ms"],
                      "backbone_weights": "random (timing only)"},
     }  # fmt: skip

@@ -29,7 +29,7 @@ from harness.train import detach_outputs
 if TYPE_CHECKING:
     import torch
 
-    from harness.core import Batch, Embedded, Method, PhaseTimer
+    from harness.core import Batch, Embedded, Method, MethodContext, PhaseTimer, RunContext
 
 DEFAULT_BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
 DEFAULT_REPEATS = 5
@@ -84,6 +84,21 @@ def _synthetic_batch(
     return Batch(classes.repeat_interleave(k).to(device), coarse.repeat_interleave(k).to(device))
 
 
+def _inputs(
+    method: Method, context: MethodContext, m: int, k: int, generator: torch.Generator,
+    device: torch.device,
+) -> tuple[Embedded, Batch]:  # fmt: skip
+    """The head's outputs on random stage features of m images (the context's stage_dims),
+    computed once without gradients, and the batch's labels (_synthetic_batch)."""
+    import torch
+
+    coarse = context.num_coarse_classes or 4
+    batch = _synthetic_batch(m, k, context.num_classes, coarse, generator, device)
+    features = [torch.rand(m, d, generator=generator).to(device) for d in context.stage_dims]
+    with torch.no_grad():
+        return method.head(features), batch
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "out of memory" in text or "can't allocate memory" in text
@@ -127,27 +142,27 @@ def _repeat(
 
 
 def measure_scaling(
+    ctx: RunContext,
     method: Method,
-    stage_dims: Sequence[int],
+    context: MethodContext,
     batch_sizes: Sequence[int],
-    images_per_class: int,
     *,
-    num_classes: int,
-    num_coarse: int,
-    device: torch.device,
     repeats: int = DEFAULT_REPEATS,
-    seed: int = 0,
     cell_seconds: float = CELL_SECONDS,
 ) -> list[dict[str, Any]]:
     """Per batch size: median mining and loss (forward + backward) milliseconds, pairs
-    evaluated and tuples mined, on random inputs (see the module docstring). `num_classes`
-    must be at least the largest P. Cells that could not run carry a `skipped` reason."""
+    evaluated and tuples mined, on random inputs (see the module docstring) on the context's
+    device, drawn from its seed, K images per class as its protocol's sampler takes them.
+    `context`: what the method was built for (its stage_dims are the random features'; its
+    num_classes must be at least the largest P; coarse: at most its num_coarse_classes
+    superclasses, 4 when it has none). Cells that could not run carry a `skipped` reason."""
     import torch
 
     if method.loss is None:
         raise ValueError("a method without a loss has no training cost to measure")
+    device, images_per_class = ctx.device, ctx.protocol.sampler.images_per_class
     timer = PhaseTimer(device)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(ctx.seed)
     cells: list[dict[str, Any]] = []
     skip: str | None = None
     warm = False
@@ -157,12 +172,7 @@ def measure_scaling(
             cells.append({**cell, "skipped": skip})
             continue
         try:
-            batch = _synthetic_batch(
-                m, images_per_class, num_classes, num_coarse, generator, device
-            )
-            features = [torch.rand(m, d, generator=generator).to(device) for d in stage_dims]
-            with torch.no_grad():
-                out0 = method.head(features)
+            out0, batch = _inputs(method, context, m, images_per_class, generator, device)
             if not warm:  # once per method: lazy initialisation, first kernels
                 _call(method, out0, batch, timer)
                 warm = True

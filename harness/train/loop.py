@@ -18,13 +18,14 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from harness.core import HarnessError, Protocol, RunContext, TrainingFailed
-from harness.data import Feeder, TrainPipeline, default_workers, worker_death
+from harness.data import Augment, Feeder, TrainPipeline, default_workers, worker_death
 from harness.train.distributed import check_same_step, convert_batchnorm
 from harness.train.model import Model
 from harness.train.state import Checkpoint, TrainingState, TrainStats, lr_factor
@@ -266,7 +267,6 @@ def train(
     if not model.method.trains:
         return TrainStats()
     session = _start(ctx, model, data, checkpoint)
-    session.state.modules.train()
     try:
         for n, idx, batch in _batches(session.state, session.feeder, session.total):
             session.train_step(n, idx, batch)
@@ -297,12 +297,41 @@ def train_augmentation(ctx: RunContext) -> TrainPipeline | None:
     return TrainPipeline(ops, ctx.seed) if ops else None
 
 
-def _start(
-    ctx: RunContext, model: Model, data: TrainingSet, checkpoint: Checkpoint | None
-) -> _Session:
+@dataclass
+class Training:
+    """The parts one call of `train` runs: the run's state (sampler, optimizer, scaler,
+    statistics), the ONE training step, the feeder of its batches and the budget's total
+    steps. `train` loops over them; the cost command times these very parts (no second
+    setup of its own), so what it measures is what trains."""
+
+    state: TrainingState
+    step: TrainingStep
+    feeder: Feeder
+    total: int
+
+    def batches(self, until: int | None = None) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(step, indices, images) from the state's step to `until` (default: the budget's
+        total), drawn and prepared as the loop takes them."""
+        return _batches(self.state, self.feeder, self.total if until is None else until)
+
+    def close(self) -> None:
+        """Stop the feeder's worker processes."""
+        self.feeder.close()
+
+
+def start_training(
+    ctx: RunContext,
+    model: Model,
+    data: TrainingSet,
+    checkpoint: Checkpoint | None = None,
+    *,
+    split_backward: bool = False,
+) -> Training:
     """The run's state (resumed from its checkpoint when there is one of this very run), its
-    training step and the feeder of its batches. Under torchrun each rank trains its shard of
-    every batch, with batch statistics over the whole batch."""
+    training step and the feeder of its batches, the modules in training mode. Under
+    torchrun each rank trains its shard of every batch, with batch statistics over the whole
+    batch. `split_backward`: the step times the loss's own backward as part of its "loss"
+    phase (see TrainingStep; the same gradients)."""
     if ctx.dist.world_size > 1:  # before the optimizer is made
         convert_batchnorm(model.backbone)
         convert_batchnorm(model.method.head)
@@ -316,9 +345,26 @@ def _start(
     state.stats.compiled = ctx.compile
     if ctx.compile:
         model = dataclasses.replace(model, backbone=compiled(model.backbone, ctx.device))
-    step = TrainingStep(model, state.optimizer, data, ctx, augment=augment, scaler=state.scaler)
-    workers = default_workers(data.images, augment) if ctx.workers is None else ctx.workers
-    state.stats.data_workers = workers
+    step = TrainingStep(model, state.optimizer, data, ctx, augment=augment, scaler=state.scaler,
+                        split_backward=split_backward)  # fmt: skip
+    feeder = run_feeder(ctx, data.images, augment)
+    state.stats.data_workers = feeder.workers
     state.stats.decoder = getattr(data.images, "decoder", None)
-    feeder = Feeder(data.images, augment, workers, ctx.device.type == "cuda", ctx.dist)
-    return _Session(state, step, feeder, ctx.protocol, total, ctx.progress)
+    state.modules.train()
+    return Training(state, step, feeder, total)
+
+
+def run_feeder(ctx: RunContext, images: Any, augment: Augment | None) -> Feeder:
+    """The feeder of a run's batches: the context's `workers` processes (None:
+    harness.data.default_workers), pinned memory on CUDA, this rank's shard of each batch."""
+    workers = default_workers(images, augment) if ctx.workers is None else ctx.workers
+    return Feeder(images, augment, workers, ctx.device.type == "cuda", ctx.dist)
+
+
+def _start(
+    ctx: RunContext, model: Model, data: TrainingSet, checkpoint: Checkpoint | None
+) -> _Session:
+    """The loop's parts (start_training) and this call's bookkeeping around them."""
+    parts = start_training(ctx, model, data, checkpoint)
+    return _Session(parts.state, parts.step, parts.feeder, ctx.protocol, parts.total,
+                    ctx.progress)  # fmt: skip

@@ -143,14 +143,21 @@ class Checkpoint:
     identity: str
 
 
+def run_sampler(labels: np.ndarray, ctx: RunContext) -> PKSampler:
+    """The protocol's P x K sampler over a run's (contiguous) training labels, for its seed:
+    the sequence of batches a run trains on."""
+    spec = ctx.protocol.sampler
+    return PKSampler(labels, spec.classes_per_batch, spec.images_per_class, ctx.seed)
+
+
 class TrainingState:
     """Everything an interrupted run needs to go on exactly where it stopped: the modules,
     the optimizer, the sampler (its RNG included), the torch RNG, the statistics so far and
     the best epoch's weights. It saves, loads and resumes itself."""
 
     def __init__(self, model: Model, labels: np.ndarray, ctx: RunContext) -> None:
-        protocol, spec = ctx.protocol, ctx.protocol.sampler
-        self.sampler = PKSampler(labels, spec.classes_per_batch, spec.images_per_class, ctx.seed)
+        protocol = ctx.protocol
+        self.sampler = run_sampler(labels, ctx)
         self.modules = trainable_modules(model.backbone, model.method)
         self.optimizer = make_optimizer(parameter_groups(model.backbone, model.method), protocol)
         self.scaler = grad_scaler(ctx.device, protocol.precision)  # fp16 only

@@ -4,6 +4,7 @@ the input checks and the figures. Small batch sizes and one repeat: seconds, not
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import harness.methods  # noqa: F401
 import numpy as np
@@ -14,7 +15,13 @@ from PIL import Image
 from harness.cli.cost import cmd_cost
 from harness.cli.program import build_parser
 from harness.core import METHODS, HarnessError, MethodContext, load_protocol
-from harness.cost import fit_power_law, measure_scaling, overhead_method, parse_batch_sizes
+from harness.cost import (
+    cost_context,
+    fit_power_law,
+    measure_scaling,
+    overhead_method,
+    parse_batch_sizes,
+)
 from harness.evaluate import distance_histogram
 from harness.report import by_family, cost_figure, cost_section, distance_histograms, training_curve
 
@@ -59,11 +66,10 @@ def test_fit_refuses_what_it_cannot_support():
 
 
 def _scaling(name: str, sizes: list[int]) -> list[dict]:
-    method = METHODS.get(name).build(MethodContext((16,), 8, 64, 4))
-    return measure_scaling(
-        method, (16,), sizes, 4, num_classes=64, num_coarse=4, device=torch.device("cpu"),
-        repeats=1,
-    )  # fmt: skip
+    context = MethodContext((16,), 8, 64, 4)
+    method = METHODS.get(name).build(context)
+    ctx = cost_context(load_protocol("smoke"), torch.device("cpu"))  # K = 4, seed 0
+    return measure_scaling(ctx, method, context, sizes, repeats=1)
 
 
 def test_contrastive_counts_all_pairs_so_its_count_exponent_is_two():
@@ -277,10 +283,11 @@ def test_protocols_used_here_have_k_four():
 
 
 def test_a_method_without_a_miner_says_what_its_loss_scores_instead():
-    from harness.cost import measure_cost
+    from harness.cost import CostOptions, measure_cost
 
-    record = measure_cost(load_protocol("smoke"), ["proxy_anchor", "contrastive"], [8, 16],
-                          device=torch.device("cpu"), repeats=1, steps=1, overhead=False)  # fmt: skip
+    ctx = cost_context(load_protocol("smoke"), torch.device("cpu"))
+    options = CostOptions([8, 16], repeats=1, steps=1, overhead=False)
+    record = measure_cost(ctx, ["proxy_anchor", "contrastive"], options)
     notes = {e["method"]: e["reason"] for e in record["methods"]}
     assert notes["proxy_anchor"].startswith("no miner") and "O(m C)" in notes["proxy_anchor"]
     assert notes["contrastive"] is None
@@ -299,8 +306,9 @@ def test_the_bare_loop_trains_as_the_harness_does_in_bf16_on_augmented_batches(t
 
     from harness.core import AugmentationSpec, OpSpec
     from harness.cost.overhead import _bare_loop, _Loops
+    from harness.cost.throughput import training_set
     from harness.data import prepare_data
-    from harness.train import train
+    from harness.train import Model, train
 
     spec = AugmentationSpec(
         load_size=20,
@@ -310,28 +318,28 @@ def test_the_bare_loop_trains_as_the_harness_does_in_bf16_on_augmented_batches(t
     protocol = dataclasses.replace(load_protocol("smoke"), augmentation=spec, precision="bf16")
     backbone, method = fresh_contrastive(protocol)
     cpu = torch.device("cpu")
-    loops = _Loops(backbone, method, prepare_data(protocol, None), protocol, cpu, 0,
-                   tmp_path / "c.pt")  # fmt: skip
-    assert len(loops.staged) == loops.steps and loops.staged[0].shape == (16, 1, 16, 16)
+    ctx = cost_context(protocol, cpu)
+    data = training_set(prepare_data(protocol, None))
+    loops = _Loops(ctx, Model(backbone, method), data, tmp_path / "c.pt")
+    staged = loops.inputs.images
+    assert len(staged) == loops.steps and staged[0].shape == (16, 1, 16, 16)
+    first3 = dataclasses.replace(loops.inputs, batches=loops.inputs.batches[:3])
     bare_bb, bare_m = copy.deepcopy(backbone), copy.deepcopy(method)
-    _bare_loop(bare_bb, bare_m, loops.staged, loops.labels_t, loops.coarse_t, loops.batches[:3],
-               protocol, cpu)  # fmt: skip
-    train(backbone, method, loops.images, loops.labels, loops.coarse, protocol, 0, cpu,
-          max_steps=3, progress=False, workers=0)  # fmt: skip
+    _bare_loop(bare_bb, bare_m, first3)
+    train(ctx.replace(max_steps=3, workers=0), Model(backbone, method), data)
     ours, bare = backbone.state_dict(), bare_bb.state_dict()
     assert all(torch.equal(ours[k], bare[k]) for k in ours)
     fp32 = dataclasses.replace(protocol, precision="fp32")
     fp32_bb, fp32_m = fresh_contrastive(fp32)
-    _bare_loop(fp32_bb, fp32_m, loops.staged, loops.labels_t, loops.coarse_t, loops.batches[:3],
-               fp32, cpu)  # fmt: skip
+    _bare_loop(fp32_bb, fp32_m, dataclasses.replace(first3, protocol=fp32))
     assert not all(torch.equal(fp32_bb.state_dict()[k], bare[k]) for k in bare)  # autocast acts
 
 
 class _SlowFeeder:
-    """Batches that take at least `seconds` each to arrive (as harness.pipeline.Feeder)."""
+    """Batches that take at least `seconds` each to arrive (as harness.data.Feeder)."""
 
     def __init__(self, images, seconds: float) -> None:
-        self.images, self.seconds, self.wait = images, seconds, 0.0
+        self.images, self.seconds, self.wait, self.workers = images, seconds, 0.0, 0
 
     def batches(self, keys):
         import time
@@ -339,7 +347,10 @@ class _SlowFeeder:
         for n, idx in keys:
             time.sleep(self.seconds)
             self.wait += self.seconds
-            yield n, torch.from_numpy(idx), self.images[idx]
+            yield n, torch.as_tensor(idx), self.images[idx]
+
+    def close(self) -> None:
+        pass
 
 
 class _SlowLoading:
@@ -362,7 +373,7 @@ class _SlowLoading:
         return self.images
 
 
-def test_throughput_windows_hold_every_steps_data_wait_and_no_data_preparation():
+def test_throughput_windows_hold_every_steps_data_wait_and_no_data_preparation(monkeypatch):
     """Fed batches: the timed window holds `steps` steps and all their waits, so images/s can
     never exceed what the data delivers. Unfed: batches are loaded before the clock starts (a
     run's workers prepare them beside the step), so slow loading is not step time."""
@@ -370,24 +381,92 @@ def test_throughput_windows_hold_every_steps_data_wait_and_no_data_preparation()
 
     from tiny_training import fresh_contrastive
 
+    import harness.train.loop
     from harness.cost import measure_throughput
+    from harness.cost.throughput import training_set
     from harness.data import prepare_data
+    from harness.train import Model
 
     protocol = load_protocol("smoke")
     prepared = prepare_data(protocol, None)
-    train_images = prepared.data.images[prepared.split.train]
-    cpu, batch = torch.device("cpu"), protocol.sampler.batch_size
-    backbone, method = fresh_contrastive(protocol)
-    fed = measure_throughput(backbone, method, prepared, protocol, cpu, steps=3, warmup=1,
-                             feeder=_SlowFeeder(train_images, 0.2))  # fmt: skip
+    data = training_set(prepared)
+    ctx, batch = cost_context(protocol, torch.device("cpu")), protocol.sampler.batch_size
+    with monkeypatch.context() as patch:  # the loop's feeder, slowed down
+        patch.setattr(harness.train.loop, "run_feeder",
+                      lambda ctx, images, augment: _SlowFeeder(images, 0.2))  # fmt: skip
+        fed = measure_throughput(ctx, Model(*fresh_contrastive(protocol)), data, steps=3,
+                                 warmup=1, fed=True)  # fmt: skip
     assert fed["images_per_second"] <= batch / 0.2
     window = fed["step_ms"] * 3 / 1000  # seconds; the stub's 3 waits of 0.2 s are inside it
     assert fed["data_wait_share"] * window == pytest.approx(0.6, abs=0.01)
     slow = _SlowLoading(prepared.data.images, 1.0)
     on_disk = dataclasses.replace(prepared, data=dataclasses.replace(prepared.data, images=slow))
-    backbone, method = fresh_contrastive(protocol)
-    unfed = measure_throughput(backbone, method, on_disk, protocol, cpu, steps=2, warmup=1)
+    unfed = measure_throughput(ctx, Model(*fresh_contrastive(protocol)), training_set(on_disk),
+                               steps=2, warmup=1)  # fmt: skip
     assert unfed["step_ms"] < 1000  # a 1 s load per step would be in every step's time
+
+
+def test_cost_times_the_harness_own_step_optimizer_and_feeder(monkeypatch):
+    """No second training setup in cost/: every step that throughput, the pipeline's
+    data-wait share and the overhead's harness side time is harness.train's TrainingStep,
+    holding the optimizer and scaler of the TrainingState that harness.train made for it,
+    fed by the loop's Feeder; the overhead's harness side is `harness.train.train` itself."""
+    from harness.cost import measure_overhead, measure_throughput
+    from harness.cost.pipeline import WARMUP_BATCHES, _data_wait
+    from harness.cost.throughput import training_set
+    from harness.data import Feeder, prepare_data
+    from harness.train import TrainingState, TrainingStep, build_model
+
+    states, calls, fed = [], [], []
+    init, call, batches = TrainingState.__init__, TrainingStep.__call__, Feeder.batches
+
+    def spy_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        states.append(self)
+
+    def spy_call(self, idx, check_indices=False, images=None, step=0):
+        calls.append((self, images))
+        return call(self, idx, check_indices, images, step)
+
+    def spy_batches(self, keys):
+        for item in batches(self, keys):
+            fed.append(item[2])
+            yield item
+
+    monkeypatch.setattr(TrainingState, "__init__", spy_init)
+    monkeypatch.setattr(TrainingStep, "__call__", spy_call)
+    monkeypatch.setattr(Feeder, "batches", spy_batches)
+    protocol = load_protocol("smoke")
+    ctx = cost_context(protocol, torch.device("cpu"))
+    data = training_set(prepare_data(protocol, None))
+
+    def model() -> Any:
+        return build_model(ctx, "contrastive", {}, in_channels=1,
+                           num_classes=len(np.unique(data.labels)), num_coarse_classes=None)  # fmt: skip
+
+    def check_and_clear(steps: int, made: Any) -> None:
+        """`steps` calls of the harness's step on `made`, with its state's optimizer."""
+        assert len(calls) == steps and len(states) == 1
+        for step, images in calls:
+            assert step.optimizer is states[0].optimizer and step.scaler is states[0].scaler
+            assert step.backbone is made.backbone and step.method is made.method
+            assert any(images is x for x in fed)  # the loop's feeder prepared it
+        calls.clear()
+        states.clear()
+        fed.clear()
+
+    made = model()
+    assert measure_throughput(ctx, made, data, steps=3, warmup=1)["images_per_second"] > 0
+    check_and_clear(1 + 3, made)
+    made = model()
+    monkeypatch.setattr("harness.cost.pipeline.build_model", lambda *args, **kwargs: made)
+    assert 0 <= _data_wait(ctx.replace(workers=0), data, 2, "contrastive")["data_wait_share"] < 1
+    check_and_clear(WARMUP_BATCHES + 2, made)
+    overhead = measure_overhead(ctx.replace(workers=0), model(), data, rounds=1)
+    assert overhead["ratio"] > 0 and len(states) == 2  # the bare loop's batches, then `train`
+    assert len(calls) == overhead["steps"]  # the harness's steps only: the bare loop is by hand
+    assert all(step.optimizer is states[1].optimizer for step, _ in calls)
+    assert all(any(images is x for x in fed) for _, images in calls)
 
 
 def test_a_failed_devices_run_shows_the_ranks_own_error():
