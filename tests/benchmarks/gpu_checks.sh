@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of issue #13 ("The real job"), for a machine with a CUDA GPU: a lent H100
-# (the device tool; README, GPU) or a user's own. Each step has its own time limit and the
+# (the device tool; docs/gpu.md) or a user's own. Each step has its own time limit and the
 # steps go on after one fails; the whole call stays within $BUDGET seconds (default 560, under
 # the device tool's 10 minutes a command). What they print goes to $OUT (the device tool's
 # folder; else /tmp/gpu_checks): summary.txt (one line a step: rc and seconds) and
