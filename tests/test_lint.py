@@ -34,9 +34,11 @@ MAX_PARAMETERS = 8  # more than this: pass a context or an options object instea
 MAX_FILE_LINES = 550  # about 500: a longer module holds more than one job
 
 
-def _is_method_build(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """A registered method's build(ctx, *, hyperparameters...): its keyword parameters are
+def _is_method_build(path: Path, node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A method's build(ctx, *, hyperparameters...) in methods/: its keyword parameters are
     the paper's hyperparameters, as many as the paper has."""
+    if path.relative_to(REPO).parts[0] != "methods":
+        return False
     registered = any("register" in ast.unparse(d) for d in node.decorator_list)
     return registered or ([a.arg for a in node.args.args] == ["ctx"] and not node.args.posonlyargs)
 
@@ -53,7 +55,7 @@ def _sizes() -> tuple[list[tuple[int, str]], list[tuple[int, str]], list[tuple[i
                 a = node.args
                 names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
                 count = len([n for n in names if n not in ("self", "cls")])
-                parameters.append((0 if _is_method_build(node) else count, where))
+                parameters.append((0 if _is_method_build(path, node) else count, where))
     return functions, parameters, files
 
 

@@ -120,7 +120,7 @@ def listing(data_root: Path | None) -> Listing:
     else:
         raise HarnessError(
             f"cars196: neither {root / 'cars_annos.mat'} nor {root / 'devkit/cars_meta.mat'} "
-            "exists; put the Stanford Cars files there (see the README, Datasets)"
+            "exists; put the Stanford Cars files there (see docs/datasets.md)"
         )
     bad = sorted({c for c in classes if not 1 <= c <= len(names)})
     if bad:

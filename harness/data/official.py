@@ -79,9 +79,7 @@ class Listing:
 def require_root(dataset: str, data_root: Path | None, what: str) -> Path:
     """data_root as a directory, or a HarnessError saying what to put there."""
     if data_root is None:
-        raise HarnessError(
-            f"{dataset} needs --data-root DIR holding {what} (see the README, Datasets)"
-        )
+        raise HarnessError(f"{dataset} needs --data-root DIR holding {what} (see docs/datasets.md)")
     root = Path(data_root)
     if not root.is_dir():
         raise HarnessError(f"{dataset}: --data-root {root} is not a directory")

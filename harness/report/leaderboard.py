@@ -306,7 +306,7 @@ def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
                       "(training cost is the whole method's):", "", parts, ""]  # fmt: skip
         diagnostics = _diagnostics_table(group)
         if diagnostics:
-            lines += ["Diagnostics recorded by the methods (see README, Methods):", "",
+            lines += ["Diagnostics recorded by the methods (see docs/methods.md):", "",
                       diagnostics, ""]  # fmt: skip
         split = next((r.split for r in group if r.split), None)
         if split:
