@@ -50,6 +50,11 @@ def grads(tmp_path_factory) -> dict[str, dict[str, dict]]:
     return out
 
 
+# the tests of the grads fixture run on one xdist worker, which computes it once
+GRADS = pytest.mark.xdist_group("ddp_grads")
+
+
+@GRADS
 @pytest.mark.parametrize("name", TRAINED)
 def test_two_process_gradients_equal_one_process_gradients(grads, name):
     """Every parameter (backbone, head, proxies, PDDM unit): in float64 equal to 1e-6 (they
@@ -65,6 +70,7 @@ def test_two_process_gradients_equal_one_process_gradients(grads, name):
             )
 
 
+@GRADS
 def test_per_shard_batchnorm_is_caught(grads):
     """The control: with BatchNorm statistics per shard (plain DDP without SyncBatchNorm) the
     gradients differ, so the equality above is not vacuous."""
