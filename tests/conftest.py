@@ -1,5 +1,5 @@
 """Shared fixtures: a per-run data cache, so tests never touch the user's cache; and what the
-suite needs to run on every core (pyproject.toml's addopts: pytest-xdist, `-n auto --dist
+suite needs to run on every core (pyproject.toml's addopts: pytest-xdist, `-n logical --dist
 loadgroup`).
 
 Under xdist each worker process is its own pytest session. The workers of one run share one
@@ -28,6 +28,13 @@ def xdist_workers() -> int:
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return 0
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n logical` (addopts) asks here first: no workers for a benchmark run (`pytest
+    tests/benchmarks --benchmark-only`), which pytest-benchmark would switch off under xdist;
+    else None: xdist counts the CPUs."""
+    return 0 if config.getoption("benchmark_only", False) else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
