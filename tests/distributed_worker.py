@@ -2,7 +2,8 @@
 
 `grads OUT NAME[,NAME...]`: for each method, one training step on the same P x K batch with
 the batch split over the ranks; rank 0 also takes the step in one process (no collectives)
-and saves both gradient sets to OUT.
+and saves both gradient sets to OUT/float32.pt (what trains) and again, with float64 as the
+default dtype (exact algebra: float32 rounding would blur small errors), to OUT/float64.pt.
 `curve OUT NAME STEPS`: STEPS steps of harness.train on the smoke data; rank 0 saves the
 per-step losses (one epoch per step) and the final weights, as does a one-process run.
 `batchnorm OUT`: a network with plain and timm (BatchNormAct2d) BatchNorm, converted, on
@@ -76,6 +77,17 @@ def step_grads(name: str, d: Dist, sync_bn: bool = True) -> dict[str, torch.Tens
 
 
 def grads(out: str, names: str) -> None:
+    """Both dtypes in one launch (a torchrun start costs seconds); float32 first, as a fresh
+    process has it."""
+    from pathlib import Path
+
+    for dtype in (torch.float32, torch.float64):
+        torch.set_default_dtype(dtype)
+        grads_in_default_dtype(str(Path(out) / f"{str(dtype).removeprefix('torch.')}.pt"), names)
+    torch.set_default_dtype(torch.float32)
+
+
+def grads_in_default_dtype(out: str, names: str) -> None:
     here = current()
     saved = {}
     for name in names.split(","):
@@ -203,9 +215,6 @@ def mismatch(out: str, name: str) -> None:
 
 
 if __name__ == "__main__":
-    if "--float64" in sys.argv:  # exact algebra: float32 rounding would blur small errors
-        sys.argv.remove("--float64")
-        torch.set_default_dtype(torch.float64)
     init_from_env(torch.device("cpu"))
     modes = {"grads": grads, "curve": curve, "resume": resume, "batchnorm": batchnorm,
              "mismatch": mismatch}  # fmt: skip

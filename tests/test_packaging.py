@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ("harness", "methods", "protocols", "pyproject.toml", "README.md")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]  # one wheel, built once
 
 
 def _run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:

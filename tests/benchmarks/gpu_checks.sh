@@ -59,8 +59,8 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
 'timm', timm.__version__)"
   $H --help >/dev/null && echo "harness imports"
 }
-step_tests() {
-  $PY -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/harness/test_devices_paths.py \
+step_tests() {  # -n 0: one process on the GPU, whatever pyproject's addopts say
+  $PY -m pytest -q -p no:cacheprovider -n 0 -m "slow or not slow" tests/harness/test_devices_paths.py \
     tests/harness/metrics/test_metrics.py tests/harness/test_precision.py \
     tests/harness/data/test_torch_decode.py
 }

@@ -40,16 +40,18 @@ def torchrun(*args: str, nproc: int = 2) -> None:
 
 @pytest.fixture(scope="module")
 def grads(tmp_path_factory) -> dict[str, dict[str, dict]]:
-    """float64 (the algebra, without float32 rounding) and float32 (what trains)."""
-    out = {}
-    for dtype in ("float64", "float32"):
-        path = tmp_path_factory.mktemp("ddp") / f"{dtype}.pt"
-        extra = ["--float64"] if dtype == "float64" else []
-        torchrun("tests/distributed_worker.py", "grads", str(path), ",".join(TRAINED), *extra)
-        out[dtype] = torch.load(path)
-    return out
+    """float64 (the algebra, without float32 rounding) and float32 (what trains), from one
+    torchrun."""
+    folder = tmp_path_factory.mktemp("ddp")
+    torchrun("tests/distributed_worker.py", "grads", str(folder), ",".join(TRAINED))
+    return {dtype: torch.load(folder / f"{dtype}.pt") for dtype in ("float64", "float32")}
 
 
+# the tests of the grads fixture run on one xdist worker, which computes it once
+GRADS = pytest.mark.xdist_group("ddp_grads")
+
+
+@GRADS
 @pytest.mark.parametrize("name", TRAINED)
 def test_two_process_gradients_equal_one_process_gradients(grads, name):
     """Every parameter (backbone, head, proxies, PDDM unit): in float64 equal to 1e-6 (they
@@ -57,6 +59,7 @@ def test_two_process_gradients_equal_one_process_gradients(grads, name):
     for dtype, atol in (("float64", 1e-6), ("float32", None)):
         split, whole = grads[dtype][name]["distributed"], grads[dtype][name]["single"]
         assert split.keys() == whole.keys() and whole
+        assert {g.dtype for g in whole.values()} == {getattr(torch, dtype)}  # as asked
         scale = max(g.abs().max().item() for g in whole.values())
         assert scale > 0  # a step that trains nothing proves nothing
         for key, g in whole.items():
@@ -65,6 +68,7 @@ def test_two_process_gradients_equal_one_process_gradients(grads, name):
             )
 
 
+@GRADS
 def test_per_shard_batchnorm_is_caught(grads):
     """The control: with BatchNorm statistics per shard (plain DDP without SyncBatchNorm) the
     gradients differ, so the equality above is not vacuous."""

@@ -12,10 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.cli import main
 
-pytestmark = pytest.mark.slow  # minutes: run by the README's test command, not by a bare pytest
+pytestmark = [
+    pytest.mark.slow,  # minutes: run by the README's test command, not by a bare pytest
+    # one worker runs them all, one after another: each starts a local Ray cluster on every
+    # core, and the kill -9 watcher below must see no other test's Ray tasks
+    pytest.mark.xdist_group("ray"),
+]
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (requirements-ray.lock)")
 
 SWEEP = ["--protocol", "learning", "--method", "contrastive,proxy_anchor", "--seeds", "0,1"]
@@ -29,16 +35,27 @@ def results(folder: Path) -> dict[str, dict]:
     }
 
 
+# The Ray tasks' torch threads (--cpus-per-run), and the local sweep's: float rounding depends
+# on the count. One thread: two tasks at a time on a local Ray of 2 CPUs, none oversubscribed.
+THREADS = 1
+
+
 @pytest.fixture(scope="module")
 def local_sweep(tmp_path_factory) -> Path:
+    """The local engine with THREADS torch threads, whatever this process was given."""
     folder = tmp_path_factory.mktemp("local")
-    assert main(["-q", "run", *SWEEP, "--results-dir", str(folder)]) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        assert main(["-q", "run", *SWEEP, "--results-dir", str(folder)]) == 0
+    finally:
+        torch.set_num_threads(threads)
     return folder
 
 
 def test_a_ray_sweep_equals_the_local_sweep_to_the_last_bit(local_sweep, tmp_path, capsys):
-    """One task at a time with 2 torch threads, as the local engine trains here."""
-    args = ["run", *SWEEP, "--engine", "ray", "--cpus-per-run", "2", "--results-dir",
+    """Tasks of THREADS torch threads each, as the local engine trained."""
+    args = ["run", *SWEEP, "--engine", "ray", "--cpus-per-run", str(THREADS), "--results-dir",
             str(tmp_path)]  # fmt: skip
     assert main(["-q", *args]) == 0
     mine, theirs = results(tmp_path), results(local_sweep)

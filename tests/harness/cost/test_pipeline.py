@@ -17,7 +17,9 @@ PROTOCOL = {
     "dataset": {"name": "cub200"}, "split": {"official": True},
     "backbone": {"name": "conv4", "input_size": 224, "pretrained": "none",
                  "params": {"width": 8}},
-    "embedding_dim": 16, "sampler": {"classes_per_batch": 4, "images_per_class": 4},
+    # batches of 2 x 2: every image is a 500 x 375 JPEG decoded and cropped to 224 px, 5
+    # rounds of 24 batches per worker count; the record's form does not depend on the size
+    "embedding_dim": 16, "sampler": {"classes_per_batch": 2, "images_per_class": 2},
     "budget": {"epochs": 1}, "seeds": [0],
     "augmentation": {
         "load_size": 256,
@@ -30,7 +32,7 @@ PROTOCOL = {
 
 @pytest.mark.slow
 def test_cost_pipeline_reports_images_per_second_per_worker_count(tmp_path, capsys):
-    root = cub_jpegs(tmp_path / "data", train_classes=12, test_classes=4, per_class=20)
+    root = cub_jpegs(tmp_path / "data", train_classes=12, test_classes=4, per_class=8)
     protocol = tmp_path / "cub_pipeline.yaml"
     protocol.write_text(yaml.safe_dump(PROTOCOL))
     args = ["cost", "--pipeline", "--protocol", str(protocol), "--data-root", str(root),

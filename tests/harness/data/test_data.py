@@ -44,6 +44,10 @@ def test_both_datasets_registered_with_keyword_only_params():
 # ----------------------------------------------------------------------------- glyphs
 
 
+# the tests of the module fixtures below run on one xdist worker, which builds them once
+SMALL_GLYPHS = pytest.mark.xdist_group("small_glyphs")
+
+
 @pytest.fixture(scope="module")
 def glyph_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("glyph-cache")
@@ -54,6 +58,7 @@ def small_glyphs(glyph_cache) -> data.LabelledImages:
     return glyphs.build(None, glyph_cache, **SMALL)
 
 
+@SMALL_GLYPHS
 def test_glyphs_shapes_dtypes_and_labels(small_glyphs):
     ds = small_glyphs
     c, n, s = SMALL["num_classes"], SMALL["images_per_class"], SMALL["image_size"]
@@ -74,6 +79,7 @@ def test_glyphs_shapes_dtypes_and_labels(small_glyphs):
     assert f"{c} classes" in ds.source and "glyphs-" in ds.source
 
 
+@SMALL_GLYPHS
 def test_glyphs_are_white_on_black_centred_and_not_empty(small_glyphs):
     imgs = small_glyphs.images[:, 0].numpy().astype(np.float64)
     s = imgs.shape[-1]
@@ -89,6 +95,7 @@ def test_glyphs_are_white_on_black_centred_and_not_empty(small_glyphs):
     assert abs(np.median(cy) - s / 2) < 2 and abs(np.median(cx) - s / 2) < 2
 
 
+@SMALL_GLYPHS
 def test_glyphs_within_class_images_vary(small_glyphs):
     ds = small_glyphs
     for label in range(len(ds.class_names)):
@@ -96,6 +103,7 @@ def test_glyphs_within_class_images_vary(small_glyphs):
         assert len(torch.unique(imgs.reshape(len(imgs), -1), dim=0)) == len(imgs)
 
 
+@SMALL_GLYPHS
 def test_glyphs_classes_really_differ(small_glyphs):
     ds = small_glyphs
     x = ds.images.reshape(len(ds), -1).double() / 255
@@ -110,6 +118,7 @@ def test_glyphs_classes_really_differ(small_glyphs):
     assert nn_acc < 0.99  # ...but the augmentation keeps the task from being trivial
 
 
+@SMALL_GLYPHS
 def test_glyphs_deterministic_across_fresh_caches(small_glyphs, tmp_path):
     again = glyphs.build(None, tmp_path, **SMALL)  # fresh cache: scans and renders from scratch
     assert again.class_names == small_glyphs.class_names
@@ -119,6 +128,7 @@ def test_glyphs_deterministic_across_fresh_caches(small_glyphs, tmp_path):
     assert again.images.numpy().tobytes() == small_glyphs.images.numpy().tobytes()
 
 
+@SMALL_GLYPHS
 def test_glyphs_second_call_uses_the_cache(small_glyphs, glyph_cache, monkeypatch):
     (npz,) = [p for p in glyph_cache.glob("glyphs-*.npz")]
     mtime = npz.stat().st_mtime_ns
@@ -134,6 +144,7 @@ def test_glyphs_second_call_uses_the_cache(small_glyphs, glyph_cache, monkeypatc
     assert not list(glyph_cache.glob(".*.tmp"))  # atomic writes leave no temp files
 
 
+@SMALL_GLYPHS
 def test_glyphs_params_change_the_output(small_glyphs, glyph_cache):
     other_seed = glyphs.build(None, glyph_cache, **{**SMALL, "seed": 1})
     assert other_seed.class_names != small_glyphs.class_names
@@ -143,6 +154,7 @@ def test_glyphs_params_change_the_output(small_glyphs, glyph_cache):
     assert len(list(glyph_cache.glob("glyphs-*.npz"))) == 3
 
 
+@SMALL_GLYPHS
 def test_glyphs_eligible_set(small_glyphs, glyph_cache):
     eligible = glyphs.eligible_code_points(8, glyph_cache)  # cached by the fixture's build
     assert 2500 <= len(eligible) <= 3500
@@ -180,6 +192,7 @@ def test_excluded_cm_fonts_would_give_wrong_labels():
     assert not any(name.startswith(("cm", "LastResort", "STIXSiz")) for name in glyphs.FONT_FILES)
 
 
+@SMALL_GLYPHS
 @pytest.mark.parametrize(
     "params, message",
     [
