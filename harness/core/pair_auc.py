@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from scipy.stats import rankdata
 
 PairScore = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # [n, d], [n, d] -> [n]
 
@@ -40,6 +39,8 @@ def rank_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
     n_pos, n_neg = int(flags.sum()), int((~flags).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")
+    from scipy.stats import rankdata  # on first use: scipy.stats is slow to import
+
     ranks = rankdata(values)  # 1-based, ties get their average rank
     u = ranks[flags].sum() - n_pos * (n_pos + 1) / 2  # couples won by a positive, ties 1/2
     return float(u / (n_pos * n_neg))

@@ -15,12 +15,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 1000
+
+
+def _scipy_stats() -> Any:
+    """scipy.stats, imported on first use: it costs half a second of every command's start."""
+    from scipy import stats
+
+    return stats
 
 
 def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -31,7 +38,7 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple
     if len(x) < 2:
         return float(x[0]), math.nan
     sem = x.std(ddof=1) / math.sqrt(len(x))
-    return float(x.mean()), float(sps.t.ppf((1 + confidence) / 2, len(x) - 1) * sem)
+    return float(x.mean()), float(_scipy_stats().t.ppf((1 + confidence) / 2, len(x) - 1) * sem)
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,7 @@ def compare(
         mean, half = t_interval(d, confidence)
         if np.all(d == d[0]):  # no spread: the test is undefined unless the difference is 0
             return Comparison(mean, 0.0, 1.0 if d[0] == 0 else 0.0, len(d), "paired t")
-        p = float(sps.ttest_rel([a[s] for s in shared], [b[s] for s in shared]).pvalue)
+        p = float(_scipy_stats().ttest_rel([a[s] for s in shared], [b[s] for s in shared]).pvalue)
         return Comparison(mean, half, p, len(d), "paired t")
     xa, xb = np.array(list(a.values()), float), np.array(list(b.values()), float)
     diff = float(xa.mean() - xb.mean()) if len(xa) and len(xb) else math.nan
@@ -67,8 +74,8 @@ def compare(
     if va + vb == 0:
         return Comparison(diff, 0.0, 1.0 if diff == 0 else 0.0, min(len(xa), len(xb)), "Welch t")
     dof = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
-    half = float(sps.t.ppf((1 + confidence) / 2, dof) * math.sqrt(va + vb))
-    p = float(sps.ttest_ind(xa, xb, equal_var=False).pvalue)
+    half = float(_scipy_stats().t.ppf((1 + confidence) / 2, dof) * math.sqrt(va + vb))
+    p = float(_scipy_stats().ttest_ind(xa, xb, equal_var=False).pvalue)
     return Comparison(diff, half, p, min(len(xa), len(xb)), "Welch t")
 
 
@@ -83,7 +90,7 @@ def benjamini_hochberg(pvalues: Mapping[str, float]) -> dict[str, float]:
     names = [name for name, p in pvalues.items() if not math.isnan(p)]
     adjusted: dict[str, float] = {name: math.nan for name in pvalues}
     if names:
-        values = sps.false_discovery_control([pvalues[n] for n in names], method="bh")
+        values = _scipy_stats().false_discovery_control([pvalues[n] for n in names], method="bh")
         adjusted.update({n: float(v) for n, v in zip(names, values, strict=True)})
     return adjusted
 

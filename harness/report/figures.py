@@ -9,15 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from harness.core import FAMILIES, family_of
 from harness.records import read_result
+
+if TYPE_CHECKING:  # matplotlib loads when a figure is drawn, not with every command
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def _figure(**options: Any) -> Figure:
+    """A matplotlib Figure (imported here: see TYPE_CHECKING above)."""
+    from matplotlib.figure import Figure
+
+    return Figure(**options)
+
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
 
@@ -25,6 +34,8 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
 def _save(fig: Figure, out_png: Path) -> Path:
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     FigureCanvasAgg(fig)
     tmp = out_png.with_name(f".{out_png.name}.tmp")
     fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
@@ -101,7 +112,7 @@ def cost_figure(record: dict[str, Any], out_png: Path) -> Path:
     entries = {e["method"]: e for e in record["methods"] if e.get("status") == "ok"}
     families = by_family(entries, {n: e.get("family", "") for n, e in entries.items()})
     rows = max(1, len(families))
-    fig = Figure(figsize=(16, 3.9 * rows + 0.6))
+    fig = _figure(figsize=(16, 3.9 * rows + 0.6))
     grid = np.atleast_2d(fig.subplots(rows, 3, squeeze=False))
     for r, (family, names) in enumerate(families.items() or [("", [])]):
         handles: dict[str, Any] = {}
@@ -189,7 +200,7 @@ def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | Non
     curves, validation, metric, protocols = _read_curves(result_paths)
     families = by_family(curves) or {"": []}
     cols = 2 if validation else 1
-    fig = Figure(figsize=(8 * cols, 3.8 * len(families) + 0.6))
+    fig = _figure(figsize=(8 * cols, 3.8 * len(families) + 0.6))
     grid = np.atleast_2d(fig.subplots(len(families), cols, squeeze=False))
     for r, (family, names) in enumerate(families.items()):
         ax = grid[r][0]
@@ -232,7 +243,7 @@ def distance_histograms(result_paths: Iterable[Path], out_png: Path, title: str)
     names = sorted(records)
     cols = min(4, max(1, len(names)))
     rows = max(1, -(-len(names) // cols))
-    fig = Figure(figsize=(3.4 * cols, 2.5 * rows + 0.6))
+    fig = _figure(figsize=(3.4 * cols, 2.5 * rows + 0.6))
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     for ax, name in zip(axes, names, strict=False):
         hist = records[name]

@@ -52,7 +52,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
 from tabulate import tabulate
 
 from harness.core import (
@@ -159,6 +158,8 @@ def t_bound(base: list[float], now: list[float], rows: int, alpha: float = ALPHA
     pooled = (
         (n_base - 1) * statistics.variance(base) + (n_now - 1) * statistics.variance(now)
     ) / df
+    from scipy import stats  # on first use: scipy.stats is slow to import
+
     critical = stats.t.ppf(1 - alpha / rows, df)
     return max(float(critical) * math.sqrt(pooled * (1 / n_base + 1 / n_now)), MIN_BOUND)
 

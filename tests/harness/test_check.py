@@ -248,10 +248,23 @@ def tiny_protocol(tmp_path: Path, name: str = "checktiny", overrides: str = "") 
     return str(path)
 
 
-def check_on_stand_in(protocol: str, baselines: Path):
-    """`harness check` in a subprocess that takes other kernels: another processor."""
-    cmd = [sys.executable, "-m", "harness", "-q", "check", "--protocol", protocol,
-           "--methods", "contrastive", "--baselines", str(baselines)]  # fmt: skip
+STAND_IN_CHECK = """
+import sys
+from pathlib import Path
+from harness.core import load_methods
+from harness.report import check
+load_methods()
+passed, report = check(sys.argv[1], sys.argv[2].split(","), Path(sys.argv[3]),
+                       results_dir=Path(sys.argv[4]))
+print(report)
+sys.exit(0 if passed else 1)
+"""
+
+
+def check_on_stand_in(protocol: str, methods: str, baselines: Path, runs: Path):
+    """The check in a subprocess that takes other kernels: another processor. Its runs are kept
+    in `runs`, so a second check there (against other baselines) trains nothing again."""
+    cmd = [sys.executable, "-c", STAND_IN_CHECK, protocol, methods, str(baselines), str(runs)]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=other_kernels_env())  # fmt: skip
 
@@ -273,7 +286,7 @@ def test_planted_regression_fails_in_both_modes_and_on_a_stand_in_machine(tmp_pa
     capsys.readouterr()
     assert main(args) == 0  # the same machine: exact, and the same numbers again
     assert "mode: exact" in capsys.readouterr().out
-    stand_in = check_on_stand_in(protocol, tmp_path)
+    stand_in = check_on_stand_in(protocol, "contrastive", tmp_path, tmp_path / "stand_in")
     assert stand_in.returncode == 0, stand_in.stdout + stand_in.stderr
     assert OTHER_MACHINE.search(stand_in.stdout), stand_in.stdout
 
@@ -283,7 +296,7 @@ def test_planted_regression_fails_in_both_modes_and_on_a_stand_in_machine(tmp_pa
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "CHANGED" in out and "check FAILED (exact)" in out
-    stand_in = check_on_stand_in(protocol, tmp_path)
+    stand_in = check_on_stand_in(protocol, "contrastive", tmp_path, tmp_path / "stand_in")
     assert stand_in.returncode == 1 and "check FAILED (statistical)" in stand_in.stdout
     assert "REGRESSED" in stand_in.stdout
     # forced statistical mode here too (the runs of a kept results folder are reused)
@@ -345,10 +358,8 @@ def test_committed_baseline_covers_every_method_with_enough_seeds():
 def test_committed_baseline_holds_on_a_stand_in_processor(tmp_path: Path):
     """Two methods of the real check under other kernels: statistical mode, and it passes;
     every baseline value raised by 0.3 fails it."""
-    names = "contrastive,triplet"
-    cmd = [sys.executable, "-m", "harness", "-q", "check", "--methods", names]
-    env = other_kernels_env()
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    names, runs = "contrastive,triplet", tmp_path / "stand_in"
+    out = check_on_stand_in("regression", names, BASELINE_DIR, runs)
     assert out.returncode == 0, out.stdout + out.stderr
     assert OTHER_MACHINE.search(out.stdout), out.stdout
     planted = load_baseline(BASELINE_DIR / "regression.json")
@@ -356,8 +367,7 @@ def test_committed_baseline_holds_on_a_stand_in_processor(tmp_path: Path):
         for values in entry["metrics"].values():
             values[:] = [v + 0.3 for v in values]
     (tmp_path / "regression.json").write_text(json.dumps(planted))
-    out = subprocess.run([*cmd, "--baselines", str(tmp_path)], cwd=REPO, capture_output=True,
-                         text=True, timeout=600, env=env)  # fmt: skip
+    out = check_on_stand_in("regression", names, tmp_path, runs)  # the same runs, reused
     assert out.returncode == 1 and "REGRESSED" in out.stdout
 
 

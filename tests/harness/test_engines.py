@@ -18,14 +18,27 @@ from harness.cli import main
 
 pytestmark = [
     pytest.mark.slow,  # minutes: run by the README's test command, not by a bare pytest
-    # one worker runs them all, one after another: each starts a local Ray cluster on every
-    # core, and the kill -9 watcher below must see no other test's Ray tasks
+    # one xdist worker runs them all, one after another, on one local Ray cluster of every
+    # core; the kill -9 watcher below must see no other test's Ray tasks
     pytest.mark.xdist_group("ray"),
 ]
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (requirements-ray.lock)")
 
 SWEEP = ["--protocol", "learning", "--method", "contrastive,proxy_anchor", "--seeds", "0,1"]
 COMPARED = ("metrics", "training", "tuples", "method", "protocol", "seed")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One local Ray for the module, started as the commands start it (start_ray): each
+    command below joins it instead of starting and stopping its own, and its worker
+    processes stay warm (each start costs seconds)."""
+    from harness.sweep import start_ray
+
+    started = start_ray(ray, None)
+    assert started and ray.cluster_resources()["CPU"] == (os.cpu_count() or 1)
+    yield
+    ray.shutdown()
 
 
 def results(folder: Path) -> dict[str, dict]:
