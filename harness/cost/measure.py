@@ -194,7 +194,9 @@ def measure_cost(
         "overhead": _overhead(setup, entries, options) if options.overhead else None,
     }  # fmt: skip
     record["seconds"] = round(time.perf_counter() - started, 1)
-    record["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    # to the microsecond: a merged file tells its measurements apart by this stamp, and two
+    # quick runs of the command can fall within one second
+    record["created_at"] = datetime.now(timezone.utc).isoformat(timespec="microseconds")
     record["environment"] = environment(ctx.device)
     return record
 

@@ -54,6 +54,8 @@ def test_a_comparable_record_is_merged_method_by_method(tmp_path: Path, capsys, 
     assert _methods(path) == ["contrastive", "triplet", "multi_similarity"]
     assert again["methods"][0] == first["methods"][0]
     assert again["methods"][1]["measured"]["created_at"] == again["created_at"]
+    # three runs, three stamps, even when the runs take less than a second (to the microsecond)
+    assert len({first["created_at"], merged["created_at"], again["created_at"]}) == 3
     section = cost_section(tmp_path)
     for name in ("contrastive", "triplet", "multi_similarity"):
         assert f"| {name} " in section
