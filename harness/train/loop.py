@@ -167,7 +167,10 @@ class _Session:
 def check_compile(device: torch.device) -> None:
     """Stop with a one-line HarnessError, before any step, when torch.compile's inductor
     cannot work on `device`: on the CPU it compiles C++ (a compiler, $CXX or g++), on CUDA it
-    writes Triton kernels. Without the check the first step dies deep in inductor."""
+    writes Triton kernels. Without the check the first step dies deep in inductor. The
+    processor stand-in (ATEN_CPU_CAPABILITY) is refused too: inductor's CPU code then computes
+    garbage (a plain torch.compile of a small conv net under ATEN_CPU_CAPABILITY=avx2 on an
+    AVX-512 CPU indexes out of bounds; the harness's runs got NaN losses)."""
     if device.type == "cuda":
         from torch.utils._triton import has_triton
 
@@ -177,6 +180,9 @@ def check_compile(device: torch.device) -> None:
     elif not shutil.which(os.environ.get("CXX", "g++")) and not shutil.which("c++"):
         raise HarnessError("--compile needs a C++ compiler (g++) on the CPU: install one or "
                            "drop --compile")  # fmt: skip
+    elif os.environ.get("ATEN_CPU_CAPABILITY"):  # torch 2.14.1 on an AVX-512 CPU: NaN losses
+        raise HarnessError("--compile on the CPU does not work with ATEN_CPU_CAPABILITY set (the "
+                           "compiled code then reads wrong indices): unset it or drop --compile")  # fmt: skip
 
 
 def compiled(backbone: nn.Module, device: torch.device) -> nn.Module:

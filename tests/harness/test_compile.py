@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 
 import harness.methods  # noqa: F401
@@ -22,6 +23,7 @@ CPU = torch.device("cpu")
 
 
 def test_compile_is_plumbed_to_the_step_and_recorded(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)  # nothing compiles: torch.compile
     compiled = []
 
     def spy(module, *args, **kwargs):
@@ -64,6 +66,16 @@ def test_no_compiler_stops_train_before_any_step(monkeypatch):
     assert all(torch.equal(before[k], v) for k, v in backbone.state_dict().items())
 
 
+def test_the_processor_stand_in_is_refused_on_the_cpu(monkeypatch):
+    """Inductor's CPU code computes garbage under ATEN_CPU_CAPABILITY (see check_compile)."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    with pytest.raises(HarnessError, match="ATEN_CPU_CAPABILITY set .* unset it or drop --compile"):
+        check_compile(CPU)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    if shutil.which("g++") or shutil.which("c++"):
+        check_compile(CPU)  # the same machine without the stand-in: no error
+
+
 def test_cuda_without_triton_is_a_one_line_error(monkeypatch):
     import torch.utils._triton as triton_check
 
@@ -74,6 +86,8 @@ def test_cuda_without_triton_is_a_one_line_error(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="inductor needs a C++ compiler")
+@pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
+                    reason="--compile refuses the processor stand-in (see check_compile)")  # fmt: skip
 def test_a_compiled_run_trains_as_eager_within_rounding_and_resumes_eagerly(tmp_path):
     """Inductor for real: the same losses as eager within float rounding; the checkpoint a
     compiled run writes holds the module's own keys, and an eager run resumes from it."""
