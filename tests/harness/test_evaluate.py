@@ -71,6 +71,12 @@ def _protocol(evaluation: SimpleNamespace) -> SimpleNamespace:
                            backbone=SimpleNamespace(input_size=1), precision="fp32")  # fmt: skip
 
 
+def _one_nn_protocol() -> SimpleNamespace:
+    """The smallest evaluation: recall@1 of exact Euclidean ranking, batches of 8."""
+    return _protocol(SimpleNamespace(batch_size=8, recall_ks=(1,), metrics=("recall@K",),
+                                     scorer_mode="exact", rerank_top=5, clustering="harness"))  # fmt: skip
+
+
 def test_one_evaluate_for_all_vs_all_and_query_gallery():
     channels = 4
     backbone = Backbone([torch.nn.Identity()], [channels], channels, (0.0,) * 4, (1.0,) * 4)
@@ -164,16 +170,7 @@ def test_the_learned_scorers_pair_count_is_what_it_scored():
     assert _scored("rerank", 2).pair_scores == 4 * 3  # its 2 neighbours and itself
     plain = evaluate(
         RunContext(
-            _protocol(
-                SimpleNamespace(
-                    batch_size=8,
-                    recall_ks=(1,),
-                    metrics=("recall@K",),
-                    scorer_mode="exact",
-                    rerank_top=5,
-                    clustering="harness",
-                )
-            ),
+            _one_nn_protocol(),
             0,
             torch.device("cpu"),
         ),
@@ -205,16 +202,7 @@ def test_non_finite_test_embeddings_fail_the_run_not_the_sweep(tmp_path, monkeyp
     from harness.core import TrainingFailed
 
     backbone = Backbone([torch.nn.Identity()], [1], 1, (0.0,), (1.0,))
-    protocol = _protocol(
-        SimpleNamespace(
-            batch_size=8,
-            recall_ks=(1,),
-            metrics=("recall@K",),
-            scorer_mode="exact",
-            rerank_top=5,
-            clustering="harness",
-        )
-    )
+    protocol = _one_nn_protocol()
     with pytest.raises(TrainingFailed, match="NaN or inf for 1 of 4 images"):
         evaluate(
             RunContext(protocol, 0, torch.device("cpu")),
