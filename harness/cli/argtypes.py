@@ -44,3 +44,12 @@ def nonnegative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
+
+
+def add_plugin_option(parser: argparse.ArgumentParser) -> None:
+    """`--plugin PATH_OR_MODULE`, repeatable: the commands that build methods take it."""
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="PATH_OR_MODULE",
+        help="also load the methods of this .py file or importable module (repeatable; each "
+        "result records the file's sha256); installed distributions' methods load without it",
+    )  # fmt: skip

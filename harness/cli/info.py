@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from harness.cli.argtypes import int_list
+from harness.cli.argtypes import add_plugin_option, int_list
 from harness.cli.parsing import SubcommandParser
 from harness.core import (
     METHODS,
     PROTOCOL_DIR,
     HarnessError,
+    describe_source,
     load_methods,
     load_protocol,
     protocol_names,
@@ -37,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ls = sub.add_parser("ls", help="list methods (summary and default hyperparameters), "
                         "protocols and datasets")  # fmt: skip
     ls.add_argument("--json", action="store_true", help="the same as JSON, for scripts")
+    add_plugin_option(ls)
     ls.set_defaults(handler=cmd_ls)
 
     ev = sub.add_parser("evaluate", help="score embeddings you bring with the harness's metrics")
@@ -60,6 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     val = sub.add_parser("validate", help="check protocol files as `run` does before training "
                          "(names, types, datasets, backbones, methods and hyperparameters)")  # fmt: skip
     val.add_argument("paths", nargs="*", help="default: every shipped protocol")
+    add_plugin_option(val)
     val.set_defaults(handler=cmd_validate)
     _add_data_parser(sub)
 
@@ -99,7 +102,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         "methods": [
             {"name": n, "version": METHODS.get(n).version, "paper": METHODS.get(n).paper,
              "family": METHODS.get(n).family, "needs_coarse_labels": METHODS.get(n).needs_coarse_labels,
-             "hyperparameters": METHODS.get(n).defaults(), "summary": METHODS.get(n).summary}
+             "hyperparameters": METHODS.get(n).defaults(), "summary": METHODS.get(n).summary,
+             "source": METHODS.get(n).source or {"builtin": "harness.methods"}}
             for n in METHODS.names()
         ],
         "protocols": [],
@@ -126,6 +130,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             print(_entry(item["name"], width, text, columns))
             if kind == "methods":
                 print(_entry("", width, _hyperparameters(item["hyperparameters"]), columns))
+                if "builtin" not in item["source"]:
+                    print(_entry("", width, f"from {describe_source(item['source'])}", columns))
     print("datasets:\n  " + "\n  ".join(listing["datasets"]))
     for prefix, names in listing["method_prefixes"].items():
         print(f"{prefix}: methods (--method {prefix}:<Class>[+<Class>]):\n  " + " ".join(names))

@@ -16,7 +16,7 @@ import sys
 from harness import __version__
 from harness.cli import check, compare, cost, info, run, tune
 from harness.cli.parsing import SubcommandParser, add_global_options, top_parser
-from harness.core import HarnessError
+from harness.core import HarnessError, plugins_loaded
 
 # in the order `--help` lists them
 COMMAND_MODULES = (run, info, cost, check, compare, tune)
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _configure_logging(args)
     try:
-        return args.handler(args)
+        with plugins_loaded(getattr(args, "plugin", None) or []):
+            return args.handler(args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

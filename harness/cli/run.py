@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch.distributed
 
-from harness.cli.argtypes import nonnegative_int, positive_int, seed_list
+from harness.cli.argtypes import add_plugin_option, nonnegative_int, positive_int, seed_list
 from harness.core import (
     METHODS,
     SINGLE,
@@ -83,6 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="with --engine ray: CPUs per task, also its torch threads (default 1)")  # fmt: skip
     run.add_argument("--gpus-per-run", type=float,
                      help="with --engine ray: GPUs per task (default 0)")  # fmt: skip
+    add_plugin_option(run)
     run.set_defaults(handler=cmd_run)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from harness.cli.argtypes import positive_int
+from harness.cli.argtypes import add_plugin_option, positive_int
 from harness.cli.run import terminate
 from harness.core import load_methods
 from harness.tune import TuneOptions, tune
@@ -34,6 +34,7 @@ def add_parser(sub: Any) -> None:
                     help="with --engine ray: CPUs (and torch threads) per trial")  # fmt: skip
     tn.add_argument("--gpus-per-trial", type=float, default=0.0,
                     help="with --engine ray: GPUs per trial")  # fmt: skip
+    add_plugin_option(tn)
     tn.set_defaults(handler=cmd_tune)
 
 

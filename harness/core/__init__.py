@@ -25,8 +25,8 @@ from harness.core.method import (
     Method,
     MethodContext,
     MethodSpec,
+    describe_source,
     family_of,
-    load_methods,
     protocol_hyperparameters,
     register_method,
 )
@@ -45,6 +45,14 @@ from harness.core.metric_names import (
 )
 from harness.core.pair_auc import euclidean_score, sample_pairs
 from harness.core.paths import PROTOCOL_DIR, REFERENCE_FILE, default_cache_dir, source_tree
+from harness.core.plugins import (
+    ENTRY_POINT_GROUP,
+    PLUGINS_ENV,
+    load_methods,
+    load_plugin,
+    plugins_loaded,
+    unload_plugin,
+)
 from harness.core.precision import PRECISIONS, autocast, grad_scaler, to_float32
 from harness.core.protocol import (
     BackboneSpec,
@@ -150,6 +158,12 @@ __all__ = [
     "keyword_names",
     "launched",
     "load_methods",
+    "describe_source",
+    "ENTRY_POINT_GROUP",
+    "PLUGINS_ENV",
+    "load_plugin",
+    "plugins_loaded",
+    "unload_plugin",
     "load_protocol",
     "paper_results",
     "parse_protocol",

@@ -18,7 +18,6 @@ evaluation; the method owns only what its paper adds:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import re
 import types
@@ -121,6 +120,9 @@ class MethodSpec:
     summary: str = ""
     # What `harness tune` may try (harness.core.search): hyperparameter name -> Float/Int/Choice.
     search: dict[str, Any] = field(default_factory=dict)
+    # Where the method comes from: None for the built-in ones; for a plugin, its file's path
+    # and sha256, or its distribution's name and version (harness.core.plugins).
+    source: dict[str, str] | None = None
 
     def defaults(self) -> dict[str, Any]:
         """The paper's hyperparameters: the build function's keyword defaults."""
@@ -261,6 +263,7 @@ def register_method(
     check_family(family)
 
     def decorate(build: Callable[..., Method]) -> Callable[..., Method]:
+        check_signature(name, build)
         doc = build.__doc__ or inspect.getmodule(build).__doc__ or ""
         spec = MethodSpec(
             name, version, build, family, paper, needs_coarse_labels, docstring_summary(doc)
@@ -272,10 +275,56 @@ def register_method(
             for value in ends:
                 spec.hyperparameters({key: cast(value) if cast else value},
                                      f"method {name}: search")  # fmt: skip
-        METHODS.add(name, dataclasses.replace(spec, search=space))
+        _check_new_name(name)
+        METHODS.add(name, dataclasses.replace(spec, search=space, source=_REGISTERING["source"]))
         return build
 
     return decorate
+
+
+def check_signature(name: str, build: Callable[..., Method]) -> None:
+    """`build(ctx, *, hyperparameter=paper_default, ...)`: the runner passes the context by
+    position and each hyperparameter by name, and reads the paper's values from the defaults,
+    so any other shape would fail only when the first run starts."""
+    params = list(inspect.signature(build).parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    no_default = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    star_args = any(p.kind is p.VAR_POSITIONAL for p in params)
+    if len(positional) != 1 or no_default or star_args:
+        what = (f"keyword-only hyperparameters without a default: {', '.join(no_default)}"
+                if no_default else f"{len(positional)} positional parameters" if not star_args
+                else "*args")  # fmt: skip
+        raise HarnessError(
+            f"method {name}: build{inspect.signature(build)} has {what}; write "
+            "build(ctx, *, name=paper_default, ...): the context as its one positional "
+            "parameter, each hyperparameter keyword-only with its paper default"
+        )
+
+
+# The source of the methods being registered now: set by harness.core.plugins while it
+# imports a plugin; None (the built-in methods) otherwise.
+_REGISTERING: dict[str, dict[str, str] | None] = {"source": None}
+
+
+def describe_source(source: dict[str, str] | None) -> str:
+    """A method's source in words: 'built-in', 'plugin file PATH', 'distribution NAME X.Y'."""
+    if source is None:
+        return "built-in (harness.methods)"
+    if "distribution" in source:
+        return (
+            f"distribution {source['distribution']} {source['version']} ({source['entry_point']})"
+        )
+    if "module" in source:
+        return f"plugin module {source['module']} ({source['path']})"
+    return f"plugin file {source['path']}"
+
+
+def _check_new_name(name: str) -> None:
+    """A name registered twice is an error that names both sources."""
+    if name in METHODS.names():
+        first, second = METHODS.get(name).source, _REGISTERING["source"]
+        raise HarnessError(f"method {name!r} from {describe_source(second)} is already registered "
+                           f"by {describe_source(first)}: rename one of them")  # fmt: skip
 
 
 def docstring_summary(doc: str) -> str:
@@ -284,10 +333,3 @@ def docstring_summary(doc: str) -> str:
     two lines would be cut mid-sentence."""
     paragraph = re.split(r"\n[ \t]*\n", inspect.cleandoc(doc).strip(), maxsplit=1)[0]
     return " ".join(paragraph.split())
-
-
-def load_methods() -> None:
-    """Register the built-in methods: importing `harness.methods` registers each of its
-    modules (a clone's `methods/` folder, the wheel's `harness/methods/`). Idempotent; the
-    commands, worker processes and Ray tasks that look methods up call it first."""
-    importlib.import_module("harness.methods")

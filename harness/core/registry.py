@@ -53,6 +53,10 @@ class Registry(Generic[T]):
         self._entries[name] = entry
         return entry
 
+    def remove(self, name: str) -> None:
+        """Unregister an entry (a plugin's methods when its command ends or its file changed)."""
+        self._entries.pop(name, None)
+
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator form of `add`."""
 

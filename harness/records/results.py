@@ -157,7 +157,17 @@ class MethodInfo(Record):
     version: int
     paper: str | None = optional()
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    # a plugin method's source: its file's path and sha256, or its distribution's name and
+    # version (absent for the built-in methods)
+    source: dict[str, str] | None = optional()
     extra: dict[str, Any] = _extra()
+
+    def source_identity(self) -> dict[str, str] | None:
+        """What makes two sources the same method code: a file's content, a distribution's
+        version; not where the file lies."""
+        if self.source is None:
+            return None
+        return {k: v for k, v in self.source.items() if k != "path"}
 
 
 @dataclass

@@ -34,6 +34,7 @@ def _differences(old: RunResult, new: RunResult, any_machine: bool = False) -> l
         (old.protocol.hash != new.protocol.hash, "another protocol hash"),
         (old.method.version != new.method.version, "another method version"),
         (old.method.hyperparameters != new.method.hyperparameters, "other hyperparameters"),
+        (old.method.source_identity() != new.method.source_identity(), "another method source"),
         (old.training.max_steps != new.training.max_steps, "another step cap"),
         (weights_sha(old) != weights_sha(new), "another weights file"),
     ]

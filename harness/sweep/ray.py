@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from harness.core import METHODS, HarnessError, load_methods
+from harness.core import METHODS, PLUGINS_ENV, HarnessError, load_methods
 from harness.records import RunResult, result_path, write_result
 from harness.sweep.policy import decide
 from harness.sweep.record import new_result
@@ -72,8 +72,9 @@ def start_ray(ray: Any, address: str | None) -> bool:
         return False
     code = str(Path(__file__).resolve().parents[2])
     env = {"PYTHONPATH": os.pathsep.join(p for p in (code, os.environ.get("PYTHONPATH")) if p)}
-    if "DML_HARNESS_CACHE" in os.environ:
-        env["DML_HARNESS_CACHE"] = os.environ["DML_HARNESS_CACHE"]
+    for name in ("DML_HARNESS_CACHE", PLUGINS_ENV):  # the cache; the command's --plugin files
+        if name in os.environ:
+            env[name] = os.environ[name]
     options: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
                                "log_to_driver": False, "configure_logging": False}  # fmt: skip
     if address is None:

@@ -41,7 +41,7 @@ def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
         protocol=ProtocolInfo(protocol.name, protocol.version, protocol.hash, protocol.path,
                               protocol.content()),
         method=MethodInfo(spec.method, method_spec.version, method_spec.paper,
-                          dict(spec.hyperparameters or {})),
+                          dict(spec.hyperparameters or {}), method_spec.source),
         seed=spec.seed,
         sweep_seeds=list(spec.sweep_seeds if spec.sweep_seeds is not None else protocol.seeds),
         training=TrainingRecord(max_steps=spec.max_steps),
