@@ -27,7 +27,9 @@ def draw(path: Path, cls: int, i: int) -> None:
     im.save(path)
 
 
-def image_folder(root: Path, classes: int = SHAPES, per_class: int = 4, fixed: bool = False) -> Path:
+def image_folder(
+    root: Path, classes: int = SHAPES, per_class: int = 4, fixed: bool = False
+) -> Path:
     for c in range(classes):
         part = ("train/" if c < classes // 2 else "test/") if fixed else ""
         for i in range(per_class):
@@ -144,7 +146,9 @@ def test_oml_columns_map_to_parts_labels_and_categories(tmp_path):
     assert data.fixed_split and "fixed split train 16, test 16" in data.source
     mixed = oml_rows(query_gallery=True)
     mixed[-1]["is_query"] = True  # both, while the others are one of them
-    with pytest.raises(HarnessError, match="others only one; the harness evaluates either all-vs-all"):
+    with pytest.raises(
+        HarnessError, match="others only one; the harness evaluates either all-vs-all"
+    ):
         table.listing(oml_table(tmp_path / "mixed", mixed))
 
 
@@ -239,5 +243,7 @@ def test_verify_reports_each_problem_on_one_line(tmp_path, capsys):
     draw(fixed / "test" / "class2" / "0.png", 2, 0)
     code, out = verify(capsys, "--dataset", "folder", "--data-root", str(fixed))
     assert code == 1 and out[-1].startswith("FAIL folder: class 'class2' is in both")
-    code, out = verify(capsys, "--dataset", "folder", "--data-root", str(image_folder(tmp_path / "ok")))
+    code, out = verify(
+        capsys, "--dataset", "folder", "--data-root", str(image_folder(tmp_path / "ok"))
+    )
     assert code == 0 and out[-1] == "OK"
