@@ -5,20 +5,24 @@ protocol's runs share (`prepare`), and the pipeline that feeds the training step
 from harness.data import (  # noqa: F401  (one line per dataset: registers it)
     cars196,
     cub200,
+    folder,
     glyphs,
     inshop,
     omniglot,
     sop,
+    table,
     vehicleid,
 )
 from harness.data.augment import EvalView, TrainPipeline, for_test
-from harness.data.base import DATASETS, LabelledImages, register_dataset
+from harness.data.base import DATASETS, LabelledImages, needs_data_root, register_dataset
 from harness.data.fetch import download
 from harness.data.lazy import LazyImages
 from harness.data.pipeline import Augment, Feeder, default_workers, load_batch, worker_death
 from harness.data.prepare import (
     PreparedData,
+    check_data_root,
     check_dataset,
+    check_trainable,
     contiguous,
     decoded_by,
     prepare_data,
@@ -26,7 +30,7 @@ from harness.data.prepare import (
 )
 from harness.data.sampler import PKSampler
 from harness.data.splits import Split, split_classes
-from harness.data.verification import verify
+from harness.data.verification import verify, verify_own
 
 __all__ = [
     "DATASETS",
@@ -39,17 +43,21 @@ __all__ = [
     "PreparedData",
     "Split",
     "TrainPipeline",
+    "check_data_root",
     "check_dataset",
+    "check_trainable",
     "contiguous",
     "decoded_by",
     "default_workers",
     "download",
     "for_test",
     "load_batch",
+    "needs_data_root",
     "prepare_data",
     "register_dataset",
     "resize",
     "split_classes",
     "verify",
+    "verify_own",
     "worker_death",
 ]

@@ -28,6 +28,9 @@ class LabelledImages:
     source: a short description of where the pixels came from (paths, archive names, versions).
     partition: str array [N] of PARTS, the dataset's official split (train / test, or train /
       query / gallery), or None when the dataset has none.
+    fixed_split: the partition is the data owner's own split (a `folder` dataset's train/ and
+      test/, a `csv` table's split column): a protocol must use it (`split: {official: true}`)
+      rather than quietly re-split the classes.
     """
 
     images: torch.Tensor | LazyImages
@@ -37,6 +40,7 @@ class LabelledImages:
     coarse_names: list[str] | None = None
     source: str = ""
     partition: np.ndarray | None = None
+    fixed_split: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.labels)
@@ -73,6 +77,7 @@ class LabelledImages:
             coarse_names=self.coarse_names,
             source=self.source,
             partition=None if self.partition is None else self.partition[idx],
+            fixed_split=self.fixed_split,
         )
 
 
@@ -82,7 +87,23 @@ DatasetBuilder = Callable[..., LabelledImages]
 
 DATASETS: Registry[DatasetBuilder] = Registry("dataset")
 
+# Whether a dataset needs --data-root, given its params (read before any run, so that a missing
+# --data-root is one line at planning time, not an error inside the first run)
+_NEEDS_ROOT: dict[str, Callable[[dict], bool]] = {}
 
-def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
-    """Register a dataset builder under `name` (one line per dataset in harness/data/__init__.py)."""
+
+def register_dataset(
+    name: str, needs_data_root: bool | Callable[[dict], bool] | None = None
+) -> Callable[[DatasetBuilder], DatasetBuilder]:
+    """Register a dataset builder under `name` (one line per dataset in harness/data/__init__.py).
+    needs_data_root: True when it reads --data-root, or a function of dataset.params saying so
+    (Omniglot's download); None leaves the check to the builder."""
+    if needs_data_root is not None:
+        _NEEDS_ROOT[name] = needs_data_root if callable(needs_data_root) else lambda _: True
     return DATASETS.register(name)
+
+
+def needs_data_root(name: str, params: dict) -> bool:
+    """Whether dataset `name` with these params reads --data-root (False when undeclared)."""
+    check = _NEEDS_ROOT.get(name)
+    return bool(check and check(params))

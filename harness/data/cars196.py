@@ -145,7 +145,7 @@ def listing(data_root: Path | None) -> Listing:
     )
 
 
-@register_dataset("cars196")
+@register_dataset("cars196", needs_data_root=True)
 def build(
     data_root: Path | None, cache_dir: Path, *, bounding_boxes: bool = False
 ) -> LabelledImages:

@@ -71,7 +71,7 @@ def listing(data_root: Path | None) -> Listing:
     )
 
 
-@register_dataset("cub200")
+@register_dataset("cub200", needs_data_root=True)
 def build(
     data_root: Path | None, cache_dir: Path, *, bounding_boxes: bool = False
 ) -> LabelledImages:

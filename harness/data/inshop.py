@@ -59,7 +59,7 @@ def listing(data_root: Path | None) -> Listing:
     )
 
 
-@register_dataset("inshop")
+@register_dataset("inshop", needs_data_root=True)
 def build(data_root: Path | None, cache_dir: Path) -> LabelledImages:
     """In-shop Clothes Retrieval with its train / query / gallery partition."""
     return listing(data_root).to_images()

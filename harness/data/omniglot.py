@@ -208,7 +208,7 @@ def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
         raise
 
 
-@register_dataset("omniglot")
+@register_dataset("omniglot", needs_data_root=lambda params: not params.get("download", False))
 def build(
     data_root: Path | None,
     cache_dir: Path,

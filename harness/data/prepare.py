@@ -22,7 +22,7 @@ from harness.core import (
     keyword_names,
     registered,
 )
-from harness.data.base import DATASETS, LabelledImages
+from harness.data.base import DATASETS, LabelledImages, needs_data_root
 from harness.data.splits import Split, split_classes
 
 
@@ -97,3 +97,31 @@ def check_dataset(protocol: Protocol) -> Callable[..., Any]:
                 f"{param!r}{closest(param, allowed)}; it takes: {', '.join(allowed)}"
             )
     return builder
+
+
+def check_data_root(protocol: Protocol, data_root: str | None) -> None:
+    """Before any run: a dataset read from disk has a --data-root, and it is a directory."""
+    name = protocol.dataset.name
+    if data_root is None and needs_data_root(name, protocol.dataset.params):
+        raise HarnessError(f"protocol {protocol.name} reads dataset {name} from disk: pass "
+                           "--data-root DIR, the folder holding it (see docs/datasets.md)")  # fmt: skip
+    if data_root is not None and not Path(data_root).expanduser().is_dir():
+        raise HarnessError(f"--data-root {data_root} is not a directory")
+
+
+def check_trainable(prepared: PreparedData, protocol: Protocol) -> None:
+    """Before any run: the training classes fill a P x K batch; each class with fewer than K
+    training images is named with its count (the sampler would refuse it mid-sweep)."""
+    data, split = prepared.data, prepared.split
+    k, p = protocol.sampler.images_per_class, protocol.sampler.classes_per_batch
+    classes, counts = np.unique(data.labels[split.train], return_counts=True)
+    small = [f"{data.class_names[c]} ({n})" for c, n in zip(classes, counts, strict=True) if n < k]
+    if small:
+        more = f" and {len(small) - 3} more" if len(small) > 3 else ""
+        raise HarnessError(
+            f"{len(small)} training classes have fewer than images_per_class={k} images: "
+            f"{', '.join(small[:3])}{more}; add images or lower sampler.images_per_class"
+        )
+    if len(classes) < p:
+        raise HarnessError(f"the training split has {len(classes)} classes but a batch needs "
+                           f"classes_per_batch={p}: lower sampler.classes_per_batch")  # fmt: skip

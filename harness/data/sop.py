@@ -55,7 +55,7 @@ def listing(data_root: Path | None) -> Listing:
     )
 
 
-@register_dataset("sop")
+@register_dataset("sop", needs_data_root=True)
 def build(data_root: Path | None, cache_dir: Path) -> LabelledImages:
     """Stanford Online Products with its official split; see the module docstring."""
     return listing(data_root).to_images()

@@ -59,6 +59,11 @@ def split_classes(data: LabelledImages, spec: SplitSpec) -> Split:
     official lists decide train and test (see split_official)."""
     if spec.official:
         return split_official(data, spec)
+    if data.fixed_split:
+        raise HarnessError(
+            f"{data.source.split(' (')[0]} comes with its own train/test split: write split: "
+            "{official: true} in the protocol (validation_fraction may stay)"
+        )
     present = sorted(np.unique(data.labels).tolist(), key=lambda c: data.class_names[c])
     n = len(present)
     n_train = int(round(n * spec.train_fraction))

@@ -53,7 +53,7 @@ def listing(data_root: Path | None, test_set: str = "small") -> Listing:
     )
 
 
-@register_dataset("vehicleid")
+@register_dataset("vehicleid", needs_data_root=True)
 def build(data_root: Path | None, cache_dir: Path, *, test_set: str = "small") -> LabelledImages:
     """VehicleID: the training list and the small, medium or large test list."""
     return listing(data_root, test_set).to_images()

@@ -1,8 +1,12 @@
-"""`python -m harness data verify`: a dataset on disk against its published counts.
+"""`python -m harness data verify`: a dataset on disk against its published counts, or a
+dataset you brought (`folder`, `csv`) against what a run needs.
 
-Parses the official lists (the same code the loaders use), compares the counts of classes and
-images per part with protocols/reference/paper_results.yaml, and opens every image the lists
-name: missing files and files that do not decode (truncated, corrupt) are reported by path.
+For the papers' datasets it parses the official lists (the same code the loaders use),
+compares the counts of classes and images per part with protocols/reference/paper_results.yaml,
+and opens every image the lists name: missing files and files that do not decode (truncated,
+corrupt) are reported by path. For `folder` and `csv` there is nothing published to count
+against: it reports, one line each, missing and unreadable images, classes with fewer training
+images than the sampler's K, and structural errors (a class in both parts, a missing column).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.core import HarnessError, dataset_counts
-from harness.data import cars196, cub200, inshop, sop, vehicleid
+from harness.data import cars196, cub200, folder, inshop, own, sop, table, vehicleid
 from harness.data.lazy import DECODE_THREADS, open_rgb
 from harness.data.official import Listing
 
@@ -37,6 +41,34 @@ def _problem(path: str) -> str | None:
     except HarnessError as exc:
         return str(exc)
     return None
+
+
+def verify_own(
+    dataset: str, root: Path, k: int, params: dict | None = None, decode: bool = True
+) -> tuple[bool, str]:
+    """(all good, report) for a `folder` or `csv` dataset: every problem on one line; `k` is
+    the sampler's images per class; params are the protocol's dataset.params."""
+    module = {"folder": folder, "csv": table}[dataset]
+    lines = [f"{dataset} under {root}"]
+    try:
+        listing = module.listing(root, **(params or {}))
+    except HarnessError as exc:
+        return False, "\n".join([*lines, f"FAIL {exc}"])
+    lines.append(listing.to_images().source)
+    missing = set(own.missing_files(listing))
+    unreadable: list[str] = []
+    if decode:
+        present = [f for f in listing.files if f not in missing]
+        with ThreadPoolExecutor(DECODE_THREADS) as pool:
+            unreadable = [p for p in pool.map(_problem, present) if p is not None]
+    small = [f"class {c}: fewer than K={k} training images"
+             for c in own.small_classes(listing, k)]  # fmt: skip
+    lines += own.shown([f"missing {f}" for f in sorted(missing)], "missing")
+    lines += own.shown([f"unreadable: {u}" for u in unreadable], "unreadable")
+    lines += own.shown(small, "classes with fewer than K images")
+    ok = not (missing or unreadable or small)
+    lines.append("OK" if ok else "FAIL: fix the problems above before a run")
+    return ok, "\n".join(lines)
 
 
 def verify(dataset: str, root: Path, decode: bool = True) -> tuple[bool, str]:

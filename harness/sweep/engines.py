@@ -19,8 +19,7 @@ import time
 import torch
 
 from harness.core import load_methods
-from harness.data import prepare_data
-from harness.sweep.runner import execute
+from harness.sweep.runner import execute, prepare_all
 from harness.sweep.spec import RunSpec, resolve_all
 
 log = logging.getLogger(__name__)
@@ -43,8 +42,7 @@ def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[s
     of one processor type agree, and the spare cores run other specs in parallel instead.
     Returns counts by status; one failed run does not stop the others."""
     specs = resolve_all(specs)  # parse each protocol once, here, not in every worker
-    for spec in specs:  # build each dataset cache once, here, before the workers read it
-        prepare_data(spec.parsed_protocol, spec.data_root)
+    prepare_all(specs)  # build each dataset cache once, here, before the workers read it
     counts: dict[str, int] = {}
     start = time.perf_counter()
     if workers <= 1:

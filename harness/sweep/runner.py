@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from harness.core import METHODS, RunContext, TrainingFailed, current
-from harness.data import LabelledImages, Split, decoded_by, prepare_data
+from harness.data import LabelledImages, Split, check_trainable, decoded_by, prepare_data
 from harness.evaluate import Evaluation, evaluate
 from harness.records import RunResult, result_path, write_result
 from harness.sweep.identity import checkpoint_identity
@@ -133,6 +133,7 @@ def _evaluate(
 def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
     """Run specs in order; one failed run does not stop the others. Returns counts by status."""
     specs = resolve_all(specs)
+    prepare_all(specs)
     counts: dict[str, int] = {}
     for n, spec in enumerate(specs, 1):
         start = time.perf_counter()
@@ -142,3 +143,11 @@ def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
         log.info("[%d/%d] %s seed %d: %s in %.1fs -> %s", n, len(specs), spec.method, spec.seed,
                  status, time.perf_counter() - start, path)  # fmt: skip
     return counts
+
+
+def prepare_all(specs: list[RunSpec]) -> None:
+    """Each protocol's data built and checked once, before the first run takes a lock or makes
+    a folder: nothing is trained on data with missing files, a class in both parts of a fixed
+    split or a class with fewer than K training images (prepare_data caches what it built)."""
+    for spec in specs:
+        check_trainable(prepare_data(spec.parsed_protocol, spec.data_root), spec.parsed_protocol)

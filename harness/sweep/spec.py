@@ -20,6 +20,7 @@ from harness.core import (
     protocol_hyperparameters,
     resolve_device,
 )
+from harness.data import check_data_root
 from harness.records import read_result, result_path
 from harness.sweep.identity import refuse_to_replace
 from harness.sweep.preflight import check_protocol
@@ -121,6 +122,7 @@ def plan(
             )
             tuning[name] = {**overlay["study"], "overlay": overlay["path"]}
     _check_weights(protocol, options.get("weights"))
+    check_data_root(protocol, options.get("data_root"))  # before any run folder exists
     asked = tuple(seeds if seeds is not None else protocol.seeds)
     specs = [
         RunSpec(
