@@ -1,6 +1,7 @@
 """The small commands: `ls` (methods, protocols, datasets), `evaluate` (score embeddings you
-bring), `leaderboard` (regenerate it from results), `validate` (check protocol files as
-`run` does) and `data` (verify datasets on disk, or fetch the papers')."""
+bring or a run saved; its own module, harness.cli.evaluate), `leaderboard` (regenerate it
+from results), `validate` (check protocol files as `run` does) and `data` (verify or fetch
+the papers' datasets)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from harness.cli.argtypes import add_plugin_option, int_list
+from harness.cli import evaluate
+from harness.cli.argtypes import add_plugin_option
 from harness.cli.parsing import SubcommandParser
 from harness.core import (
     METHODS,
@@ -27,7 +27,6 @@ from harness.core import (
     protocol_names,
 )
 from harness.data import DATASETS, download, verify, verify_own
-from harness.evaluate import MetricOptions, compute_metrics
 from harness.report import write_leaderboard
 from harness.sweep import check_protocol
 
@@ -41,19 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_plugin_option(ls)
     ls.set_defaults(handler=cmd_ls)
 
-    ev = sub.add_parser("evaluate", help="score embeddings you bring with the harness's metrics")
-    ev.add_argument("--embeddings", required=True, type=Path, help="[N, D] .npy")
-    ev.add_argument("--labels", required=True, type=Path, help="[N] .npy")
-    ev.add_argument("--query-embeddings", type=Path, help="[Q, D] .npy (else all-vs-all)")
-    ev.add_argument("--query-labels", type=Path, help="[Q] .npy")
-    ev.add_argument("--recall-ks", type=int_list, default=[1, 2, 4, 8])
-    ev.add_argument(
-        "--clustering", default="harness", choices=["harness", "faiss"],
-        help="k-means convention for nmi and f1: harness (k-means++ start, up to 100 iterations;"
-        " default) or faiss (the published tables' faiss k-means, 20 iterations; needs faiss)",
-    )  # fmt: skip
-    ev.add_argument("--json", action="store_true")
-    ev.set_defaults(handler=cmd_evaluate)
+    evaluate.add_parser(sub)
 
     lb = sub.add_parser("leaderboard", help="regenerate results/LEADERBOARD.md")
     lb.add_argument("--results-dir", default="results")
@@ -167,36 +154,6 @@ def _hyperparameters(defaults: dict[str, Any]) -> str:
     return "hyperparameters: " + ", ".join(
         f"{k}={json.dumps(list(v) if isinstance(v, tuple) else v)}" for k, v in defaults.items()
     )
-
-
-def _load_npy(path: Path, what: str) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise HarnessError(f"{what} file {path} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"{what} file {path} is not a readable .npy array ({exc})") from None
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-
-    if (args.query_embeddings is None) != (args.query_labels is None):
-        raise HarnessError("give both --query-embeddings and --query-labels, or neither")
-    gallery = _load_npy(args.embeddings, "--embeddings")
-    gallery_labels = _load_npy(args.labels, "--labels")
-    ks, options = tuple(args.recall_ks), MetricOptions(kmeans_convention=args.clustering)
-    if args.query_embeddings is None:
-        metrics = compute_metrics(gallery, gallery_labels, recall_ks=ks, options=options)
-    else:
-        query = (_load_npy(args.query_embeddings, "--query-embeddings"),
-                 _load_npy(args.query_labels, "--query-labels"))  # fmt: skip
-        metrics = compute_metrics(*query, gallery, gallery_labels, recall_ks=ks, options=options)
-    if args.json:
-        print(json.dumps(metrics))
-    else:
-        for name, value in metrics.items():
-            print(f"{name:<14} {value:.4f}")
-    return 0
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:

@@ -74,6 +74,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="train the backbone through torch.compile (inductor: a C++ compiler on "
                      "the CPU, Triton on CUDA); not part of the hash: rounding differs from eager "
                      "by float-rounding amounts; recorded in each result")  # fmt: skip
+    run.add_argument("--save-embeddings", action="store_true",
+                     help="also write each finished run's test embeddings, labels and "
+                     "query/gallery flags (.npy) beside its result, for `evaluate DIR`; a "
+                     "finished run without them is rerun")  # fmt: skip
     run.add_argument("--engine", default="local", choices=["local", "ray"],
                      help="local: one run after another in this process (default); ray: each "
                      "run a Ray task (needs the ray extra)")  # fmt: skip
@@ -138,7 +142,7 @@ def _plan(args: argparse.Namespace) -> list[RunSpec]:
         protocol, names, args.seeds, data_root=args.data_root, device=args.device,
         max_steps=args.max_steps, results_dir=args.results_dir, force=args.force,
         weights=args.weights, workers=args.workers, decoder=args.decoder,
-        compile=args.compile, tuned=args.tuned,
+        compile=args.compile, tuned=args.tuned, save_embeddings=args.save_embeddings,
     )  # fmt: skip
     log.info(
         "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)

@@ -1,6 +1,6 @@
 """Evaluation: embed a split with the trained model, then score it with the harness's metric
 definitions (`metrics`, one chunked pass over the distances), ranked by Euclidean distance
-or by the method's learned scorer."""
+or by the method's learned scorer; a run's test embeddings saved beside its result (`saved`)."""
 
 from harness.evaluate.embedding import embed, embed_parts
 from harness.evaluate.metrics import (
@@ -9,6 +9,13 @@ from harness.evaluate.metrics import (
     compute_metrics,
     compute_report,
     lda_score,
+)
+from harness.evaluate.saved import (
+    SavedEmbeddings,
+    file_sha256,
+    from_evaluation,
+    load_embeddings,
+    write_embeddings,
 )
 from harness.evaluate.score import (
     HISTOGRAM_BINS,
@@ -36,4 +43,9 @@ __all__ = [
     "rerank",
     "retrieval_record",
     "selection_score",
+    "SavedEmbeddings",
+    "file_sha256",
+    "from_evaluation",
+    "load_embeddings",
+    "write_embeddings",
 ]

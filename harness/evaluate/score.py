@@ -47,7 +47,7 @@ def evaluate(
     labels_t = torch.as_tensor(labels)
     ks, names, options = (
         tuple(ctx.protocol.evaluation.recall_ks),
-        _expand(ctx.protocol),
+        metric_names(ctx.protocol),
         _options(ctx),
     )
     scorer, counted = ranking_scorer(method, ctx.protocol, all_vs_all=gallery is None)
@@ -72,7 +72,8 @@ def evaluate(
     }  # fmt: skip
     return Evaluation(report.metrics, timings, by_part, distances, bootstrap,
                       report.kmeans_convention, embedded.embeddings,
-                      None if counted is None else counted.pairs)  # fmt: skip
+                      None if counted is None else counted.pairs,
+                      embedded.gallery[0] if embedded.gallery else None)  # fmt: skip
 
 
 @dataclass
@@ -126,6 +127,7 @@ class Evaluation:
     clustering: str | None = None  # the k-means convention of nmi and f1; None without them
     embeddings: torch.Tensor | None = field(default=None, repr=False)  # the queries' (or all)
     pair_scores: int | None = None  # the learned scorer's pair evaluations; None: no scorer
+    gallery_embeddings: torch.Tensor | None = field(default=None, repr=False)  # None: all-vs-all
 
 
 HISTOGRAM_BINS = 50
@@ -175,7 +177,8 @@ def selection_score(
     return metrics[name]
 
 
-def _expand(protocol: Protocol) -> list[str]:
+def metric_names(protocol: Protocol) -> list[str]:
+    """The metrics a run of `protocol` reports, recall@K expanded to one name per K."""
     names = []
     for name in protocol.evaluation.metrics:
         if name == "recall@K":

@@ -9,6 +9,8 @@ nothing else changed, so schema-1 files load as they are (their `sweep_seeds` is
 readers fall back to the protocol's seeds). The optional `clustering_convention` (the k-means
 behind nmi and f1) and `diagnostics` (a method's own named numbers) came later within schema
 2: files without the first used "harness"; an older reader keeps either as an unknown key.
+So did `embeddings` (`run --save-embeddings`: the saved test embeddings' folder and sha256s),
+written only when the run saved them: every other result is byte for byte what it was.
 A newer or unknown schema is refused with a one-line error saying what to do.
 """
 
@@ -267,6 +269,8 @@ class RunResult(Record):
     tuples: TupleCounts | None = optional()
     selection: Selection | None = optional()
     retrieval: dict[str, Any] | None = optional()
+    # `run --save-embeddings`: the folder beside this file and each of its files' sha256
+    embeddings: dict[str, Any] | None = optional()
     finished_at: str | None = optional()
     extra: dict[str, Any] = _extra()
 
@@ -301,6 +305,15 @@ def result_path(results_dir: Path, protocol: str, method: str, seed: int) -> Pat
     return Path(results_dir) / "runs" / protocol / method / f"seed{seed}.json"
 
 
+def embeddings_dir(result: Path) -> Path:
+    """Where `run --save-embeddings` keeps a run's test embeddings: beside its result,
+    runs/<protocol>/<method>/seed<k>.embeddings/ for seed<k>.json."""
+    return Path(result).with_suffix(EMBEDDINGS_SUFFIX)
+
+
+EMBEDDINGS_SUFFIX = ".embeddings"
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write to a unique temporary file in the same folder, then rename: readers see the old
     file or the new one, never half of one, and two writers never share a temporary file."""
@@ -310,12 +323,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     """`text` to `path` by a unique temporary file and a rename (see write_json_atomic); the
     file gets the mode a plain open() would give it (0o666 less the umask), not mkstemp's 0o600."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """`data` to `path` by a unique temporary file, fsync and a rename, as write_text_atomic."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -408,4 +426,6 @@ def archive(path: Path, results_dir: Path) -> Path:
     target = target.with_name(f"{target.stem}-{stamp}.json")
     target.parent.mkdir(parents=True, exist_ok=True)
     path.replace(target)
+    if embeddings_dir(path).is_dir():  # its saved embeddings go with it, never left behind
+        embeddings_dir(path).replace(embeddings_dir(target))
     return target

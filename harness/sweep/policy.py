@@ -10,7 +10,15 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from harness.core import METHODS
-from harness.records import RunResult, archive, machine_id, read_result, result_path, run_lock
+from harness.records import (
+    RunResult,
+    archive,
+    embeddings_dir,
+    machine_id,
+    read_result,
+    result_path,
+    run_lock,
+)
 from harness.sweep.identity import refuse_to_replace, weights_sha
 from harness.sweep.record import new_result
 from harness.sweep.spec import RunSpec
@@ -18,14 +26,19 @@ from harness.sweep.spec import RunSpec
 log = logging.getLogger(__name__)
 
 
-def _same_run(old: RunResult, new: RunResult, any_machine: bool = False) -> bool:
+def _same_run(
+    old: RunResult, new: RunResult, any_machine: bool = False, embeddings_of: Path | None = None
+) -> bool:
     """A finished result of this very configuration, made on this machine (or, for a sweep on
     a cluster, on any of its machines): skip the run. (A clone on another machine reruns and
-    archives what it found: its numbers are its own.)"""
-    return not _differences(old, new, any_machine)
+    archives what it found: its numbers are its own.) `embeddings_of`: the result's path when
+    the run must save its embeddings (`--save-embeddings`): a result without them is rerun."""
+    return not _differences(old, new, any_machine, embeddings_of)
 
 
-def _differences(old: RunResult, new: RunResult, any_machine: bool = False) -> list[str]:
+def _differences(
+    old: RunResult, new: RunResult, any_machine: bool = False, embeddings_of: Path | None = None
+) -> list[str]:
     """Why `old` is not a finished result of the run `new` (empty: it is)."""
     if not old.ok:  # a failed or interrupted run may lack what the checks below read
         return [f"a {old.status} run"]
@@ -37,8 +50,16 @@ def _differences(old: RunResult, new: RunResult, any_machine: bool = False) -> l
         (old.method.source_identity() != new.method.source_identity(), "another method source"),
         (old.training.max_steps != new.training.max_steps, "another step cap"),
         (weights_sha(old) != weights_sha(new), "another weights file"),
-    ]
+        # the embeddings exist only while the model does: rerun it (same numbers on this machine)
+        (embeddings_of is not None and not _saved_embeddings(old, embeddings_of),
+         "no saved embeddings, and --save-embeddings asks for them"),
+    ]  # fmt: skip
     return [why for differs, why in checks if differs]
+
+
+def _saved_embeddings(old: RunResult, path: Path) -> bool:
+    """Whether the result at `path` recorded saved embeddings and their folder is there."""
+    return bool(old.embeddings) and embeddings_dir(path).is_dir()
 
 
 def checkpoint_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
@@ -55,18 +76,23 @@ def decide(
     path = result_path(Path(spec.results_dir), spec.parsed_protocol.name, spec.run_name,
                        spec.seed)  # fmt: skip
     record = new_result(spec, METHODS.get(spec.method))
-    if path.exists() and not spec.force and _same_run(read_result(path), record, any_machine):
+    wants = path if spec.save_embeddings else None
+    if (
+        path.exists()
+        and not spec.force
+        and _same_run(read_result(path), record, any_machine, wants)
+    ):
         return "skipped", path, record
     if not locks.enter_context(run_lock(path)):
         log.warning("%s is being run by another process; skipping it here", path)
         return "running_elsewhere", path, record
     if path.exists():
         old = read_result(path)
-        if not spec.force and _same_run(old, record, any_machine):
+        if not spec.force and _same_run(old, record, any_machine, wants):
             return "skipped", path, record  # finished by another process meanwhile
         if not spec.force:  # plan checked before the sweep; another process may have written
             refuse_to_replace(old, spec.max_steps, spec.parsed_protocol.hash, path)
-        why = "--force" if spec.force else ", ".join(_differences(old, record, any_machine))
+        why = "--force" if spec.force else ", ".join(_differences(old, record, any_machine, wants))
         log.info("archived the previous result (%s) to %s", why,
                  archive(path, Path(spec.results_dir)))  # fmt: skip
     return None, path, record

@@ -19,9 +19,9 @@ import torch
 from tqdm import tqdm
 
 from harness.core import METHODS, PLUGINS_ENV, HarnessError, load_methods
-from harness.records import RunResult, result_path, write_result
+from harness.records import RunResult, result_path
 from harness.sweep.policy import decide
-from harness.sweep.record import new_result
+from harness.sweep.record import new_result, write_run
 from harness.sweep.runner import execute_run
 from harness.sweep.spec import RunSpec, resolve_all
 
@@ -44,7 +44,8 @@ def import_ray() -> Any:
 
 
 def run_task(spec: RunSpec, threads: int, progress: Any = None) -> dict[str, Any]:
-    """A Ray task: train and evaluate one run; return its status and record (not written).
+    """A Ray task: train and evaluate one run; return its status, record and, with
+    `--save-embeddings`, its test embeddings (none of them written: the driver writes).
     `progress`: a Ray queue to which each finished epoch is reported (best effort)."""
     load_methods()
 
@@ -60,9 +61,13 @@ def run_task(spec: RunSpec, threads: int, progress: Any = None) -> dict[str, Any
             pass
 
     out: dict[str, Any] = {}
+
+    def hand_back(_: Path, result: RunResult, saved: Any = None) -> None:
+        out.update(result=result.to_json(), embeddings=saved)  # the driver writes both
+
     status, _ = execute_run(spec, record, path, on_epoch_end=None if progress is None else report,
-                            write=lambda _, r: out.update(result=r.to_json()))  # fmt: skip
-    return {"status": status, "result": out.get("result")}
+                            write=hand_back)  # fmt: skip
+    return {"status": status, "result": out.get("result"), "embeddings": out.get("embeddings")}
 
 
 def start_ray(ray: Any, address: str | None) -> bool:
@@ -146,7 +151,7 @@ def _collect(ray: Any, pending: dict[Any, tuple[RunSpec, Path]], total: int,
             else:
                 status = out["status"]
                 if out["result"] is not None:
-                    write_result(path, RunResult.from_json(out["result"]))
+                    write_run(path, RunResult.from_json(out["result"]), out.get("embeddings"))
             counts[status] = counts.get(status, 0) + 1
             done += 1
             bar.update(1)

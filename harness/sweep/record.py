@@ -13,7 +13,7 @@ import torch
 import harness
 from harness.core import MethodSpec, Protocol, RunContext
 from harness.data import LabelledImages, Split
-from harness.evaluate import Evaluation, retrieval_record
+from harness.evaluate import Evaluation, SavedEmbeddings, retrieval_record, write_embeddings
 from harness.records import (
     DatasetInfo,
     Environment,
@@ -23,6 +23,7 @@ from harness.records import (
     Selection,
     TrainingRecord,
     TupleCounts,
+    embeddings_dir,
     environment,
     write_result,
 )
@@ -65,11 +66,22 @@ def _describe_run(
     record.environment = Environment.from_json(environment(device))
 
 
-Writer = Callable[[Path, RunResult], None]
+def write_run(path: Path, record: RunResult, saved: SavedEmbeddings | None = None) -> None:
+    """A run's result file; with `saved` (`--save-embeddings`, a finished run), its test
+    embeddings first, into the folder beside it, whose files and sha256s the result records:
+    a result never names files that are not written yet."""
+    if saved is not None:
+        record.embeddings = write_embeddings(embeddings_dir(path), saved)
+    write_result(path, record)
+
+
+# writes a run's record (and its saved embeddings, if any): the results folder, or a Ray
+# worker's hand-back to the driver
+Writer = Callable[..., None]
 
 
 def _stop(
-    record: RunResult, path: Path, status: str, failure: str, write: Writer = write_result
+    record: RunResult, path: Path, status: str, failure: str, write: Writer = write_run
 ) -> tuple[str, Path]:
     """Write a run that ends without metrics (failed, not applicable) and say so."""
     record.status, record.failure = status, failure

@@ -19,11 +19,18 @@ import torch
 
 from harness.core import METHODS, RunContext, TrainingFailed, current
 from harness.data import LabelledImages, Split, check_trainable, decoded_by, prepare_data
-from harness.evaluate import Evaluation, evaluate
-from harness.records import RunResult, result_path, write_result
+from harness.evaluate import Evaluation, SavedEmbeddings, evaluate, from_evaluation
+from harness.records import RunResult, result_path
 from harness.sweep.identity import checkpoint_identity
 from harness.sweep.policy import checkpoint_path, decide
-from harness.sweep.record import Writer, _describe_run, _stop, new_result, record_outcome
+from harness.sweep.record import (
+    Writer,
+    _describe_run,
+    _stop,
+    new_result,
+    record_outcome,
+    write_run,
+)
 from harness.sweep.spec import RunSpec, resolve, resolve_all, run_context
 from harness.train import Checkpoint, EpochHooks, Model, train_model
 
@@ -68,10 +75,11 @@ def execute_run(
     *,
     progress: bool = False,
     on_epoch_end: Callable[[int], None] | None = None,
-    write: Writer = write_result,
+    write: Writer = write_run,
 ) -> tuple[str, Path]:
     """Train and evaluate one resolved run and hand its record to `write` (the result file,
-    or, on a Ray worker, the driver, which owns the results folder); returns (status, path)."""
+    or, on a Ray worker, the driver, which owns the results folder), with its test embeddings
+    when the spec saves them (a finished run only); returns (status, path)."""
     ctx = run_context(spec, progress)
     data, split = _data(ctx)
     _describe_run(record, ctx.protocol, data, split, ctx.device)
@@ -105,9 +113,26 @@ def execute_run(
             result.embeddings, torch.as_tensor(data.labels[query])
         )
     record_outcome(record, ctx, stats, result)
-    write(path, record)
+    if spec.save_embeddings:
+        write(path, record, _saved(spec, ctx, result, data, split))
+    else:
+        write(path, record)
     checkpoint.path.unlink(missing_ok=True)
     return "ok", path
+
+
+def _saved(
+    spec: RunSpec, ctx: RunContext, result: Evaluation, data: LabelledImages, split: Split
+) -> SavedEmbeddings:
+    """The test embeddings `--save-embeddings` keeps, with the labels of the rows evaluated
+    (the queries, then the gallery when the split has one)."""
+    has_gallery = len(split.gallery) > 0
+    query = split.query if has_gallery else split.test
+    protocol = ctx.protocol
+    run = {"protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash},
+           "method": spec.method, "run_name": spec.run_name}  # fmt: skip
+    gallery_labels = data.labels[split.gallery] if has_gallery else None
+    return from_evaluation(ctx, result, data.labels[query], gallery_labels, run)
 
 
 def _data(ctx: RunContext) -> tuple[LabelledImages, Split]:

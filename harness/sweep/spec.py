@@ -50,6 +50,8 @@ class RunSpec:
     sweep_seeds: tuple[int, ...] | None = None  # what the sweep asked for (None: the protocol's)
     # a tuned configuration (`run --tuned`): the tuning study's record; None: paper defaults
     tuning: dict[str, Any] | None = field(default=None, hash=False)
+    # `run --save-embeddings`: the test embeddings, labels and flags beside the result
+    save_embeddings: bool = False
 
     @property
     def run_name(self) -> str:

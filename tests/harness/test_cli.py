@@ -172,6 +172,7 @@ def test_evaluate_all_vs_all_and_query_gallery(tmp_path: Path):
                "--labels", str(tmp_path / "l.npy"), "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(proc.stdout)
+    assert metrics.pop("warnings") == [proc.stderr.strip()]  # all-vs-all excludes each item
     assert metrics["recall@1"] == 1.0 and metrics["map@r"] == 1.0
     assert all(0.0 <= v <= 1.0 for k, v in metrics.items() if k != "lda")
     assert metrics["lda"] > 1  # a ratio: the two classes are far apart
@@ -199,13 +200,16 @@ def test_evaluate_clustering_option_picks_the_k_means_convention(tmp_path: Path,
     for convention in ("harness", "faiss"):
         assert main([*files, "--clustering", convention]) == 0
         printed[convention] = json.loads(capsys.readouterr().out)
+        assert "excluded from its own gallery" in printed[convention].pop("warnings")[0]
         expected = compute_metrics(
             emb.astype(np.float32), labels, options=MetricOptions(kmeans_convention=convention)
         )
         assert printed[convention] == pytest.approx(expected, abs=1e-12)
     assert printed["harness"]["nmi"] > printed["faiss"]["nmi"]  # here 0.839 against 0.755
     assert main(files) == 0  # the default is the harness convention
-    assert json.loads(capsys.readouterr().out) == printed["harness"]
+    assert json.loads(capsys.readouterr().out) == {**printed["harness"], "warnings": [
+        "note: all-vs-all: each of the 72 items queries the other 71; it is excluded from its "
+        "own gallery"]}  # fmt: skip
     with pytest.raises(SystemExit) as info:
         main([*files, "--clustering", "fais"])
     assert info.value.code == 2

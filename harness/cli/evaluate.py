@@ -1,0 +1,176 @@
+"""`evaluate`: score embeddings with the harness's metric definitions: .npy files you bring
+(`--embeddings`, `--labels`, optionally `--query-embeddings`, `--query-labels`), or a folder a
+run saved (`run --save-embeddings`), scored as that run scored them.
+
+What could mislead is said, one line each, on stderr and in `--json`'s `warnings`: query rows
+identical to gallery rows (each finds its copy at distance 0), all-vs-all's rule that each item
+is left out of its own gallery, a learned-scorer run ranked by Euclidean distance, and saved
+files that differ from those their run recorded."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.cli.argtypes import int_list
+from harness.core import HarnessError, program_name
+from harness.evaluate import MetricOptions, compute_metrics, file_sha256, load_embeddings
+
+DEFAULT_RECALL_KS = [1, 2, 4, 8]
+FILE_OPTIONS = ("embeddings", "labels", "query_embeddings", "query_labels")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The `evaluate` subcommand's options."""
+    ev = sub.add_parser("evaluate", help="score embeddings you bring, or a folder a run saved "
+                        "(run --save-embeddings), with the harness's metrics")  # fmt: skip
+    ev.add_argument("folder", nargs="?", type=Path, metavar="DIR",
+                    help="a seed<k>.embeddings folder written by run --save-embeddings")  # fmt: skip
+    ev.add_argument("--embeddings", type=Path, help="[N, D] .npy (instead of DIR)")
+    ev.add_argument("--labels", type=Path, help="[N] .npy")
+    ev.add_argument("--query-embeddings", type=Path, help="[Q, D] .npy (else all-vs-all)")
+    ev.add_argument("--query-labels", type=Path, help="[Q] .npy")
+    ev.add_argument("--recall-ks", type=int_list,
+                    help="the K of recall@K (default 1,2,4,8; for DIR, the run's)")  # fmt: skip
+    ev.add_argument(
+        "--clustering", choices=["harness", "faiss"],
+        help="k-means convention for nmi and f1: harness (k-means++ start, up to 100 iterations;"
+        " default) or faiss (the published tables' faiss k-means, 20 iterations; needs faiss);"
+        " for DIR, the run's",
+    )  # fmt: skip
+    ev.add_argument("--euclidean", action="store_true",
+                    help="DIR of a run that ranked by a learned scorer: rank its embeddings by "
+                    "Euclidean distance anyway (not the run's numbers; the output says so)")  # fmt: skip
+    ev.add_argument("--json", action="store_true",
+                    help="one JSON object: the metrics and a list of `warnings`")  # fmt: skip
+    ev.set_defaults(handler=cmd_evaluate)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Score a saved folder or the .npy files given, then print the metrics (one line each,
+    or one JSON object) and, on stderr, a line for each thing that could mislead."""
+    given = [f"--{name.replace('_', '-')}" for name in FILE_OPTIONS if getattr(args, name)]
+    if args.folder is not None and given:
+        raise HarnessError(f"give a folder (DIR) or {', '.join(given)}, not both")
+    if args.folder is not None:
+        metrics, notes = _evaluate_folder(args)
+    else:
+        metrics, notes = _evaluate_files(args)
+    for note in notes:
+        print(note, file=sys.stderr)
+    if args.json:
+        print(json.dumps({**metrics, "warnings": notes}))
+    else:
+        for name, value in metrics.items():
+            print(f"{name:<14} {value:.4f}")
+    return 0
+
+
+def _load_npy(path: Path, what: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise HarnessError(f"{what} file {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{what} file {path} is not a readable .npy array ({exc})") from None
+
+
+def _evaluate_files(args: argparse.Namespace) -> tuple[dict[str, float], list[str]]:
+    """The metrics of the .npy files given, all-vs-all or queries against the gallery."""
+    if args.embeddings is None or args.labels is None:
+        raise HarnessError(f"give a folder written by `{program_name()} run --save-embeddings`, "
+                           "or --embeddings and --labels")  # fmt: skip
+    if (args.query_embeddings is None) != (args.query_labels is None):
+        raise HarnessError("give both --query-embeddings and --query-labels, or neither")
+    if args.euclidean:
+        raise HarnessError("--euclidean goes with a folder (DIR) of a run that ranked by a "
+                           "learned scorer; .npy files are always ranked by Euclidean distance")  # fmt: skip
+    gallery = _load_npy(args.embeddings, "--embeddings")
+    gallery_labels = _load_npy(args.labels, "--labels")
+    ks = tuple(args.recall_ks or DEFAULT_RECALL_KS)
+    options = MetricOptions(kmeans_convention=args.clustering or "harness")
+    if args.query_embeddings is None:
+        metrics = compute_metrics(gallery, gallery_labels, recall_ks=ks, options=options)
+        return metrics, overlap_notes(gallery, None)
+    query = (_load_npy(args.query_embeddings, "--query-embeddings"),
+             _load_npy(args.query_labels, "--query-labels"))  # fmt: skip
+    metrics = compute_metrics(*query, gallery, gallery_labels, recall_ks=ks, options=options)
+    return metrics, overlap_notes(query[0], gallery)
+
+
+def _evaluate_folder(args: argparse.Namespace) -> tuple[dict[str, float], list[str]]:
+    """A saved folder's metrics, computed as its run computed them (its metrics, recall Ks,
+    k-means convention and seed), unless --recall-ks or --clustering says otherwise. A run
+    that ranked by a learned scorer is refused unless --euclidean asks for Euclidean ranking."""
+    saved = load_embeddings(args.folder)
+    notes = []
+    if saved.learned_scorer:
+        if not args.euclidean:
+            raise HarnessError(f"{args.folder}: {saved.meta.get('method')} ranked by its learned "
+                               "scorer, which is not saved, so the run's metrics cannot be "
+                               "recomputed; pass --euclidean to rank by Euclidean distance "
+                               "instead (not the run's numbers)")  # fmt: skip
+        notes.append("warning: ranked by Euclidean distance, not by the run's learned scorer: "
+                     "these are not the run's metrics")  # fmt: skip
+    names = _meta(saved.meta, "metrics", list, args.folder)
+    ks = _meta(saved.meta, "recall_ks", list, args.folder)
+    if args.recall_ks:  # the user's Ks instead of the run's
+        names = [n for n in names if not n.startswith("recall@")] + ["recall@K"]
+        ks = args.recall_ks
+    options = MetricOptions(
+        seed=_meta(saved.meta, "kmeans_seed", int, args.folder),
+        kmeans_convention=args.clustering or _meta(saved.meta, "clustering", str, args.folder),
+    )
+    query, query_labels, gallery, gallery_labels = saved.parts()
+    metrics = compute_metrics(query, query_labels, gallery, gallery_labels, recall_ks=tuple(ks),
+                              metrics=names, options=options)  # fmt: skip
+    return metrics, notes + overlap_notes(query, gallery) + changed_files(args.folder)
+
+
+def _meta(meta: dict[str, Any], key: str, kind: type, folder: Path) -> Any:
+    """One metadata entry, of the type the run wrote."""
+    value = meta.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise HarnessError(f"{folder}/embeddings.json: {key!r} is missing or not a {kind.__name__}"
+                           "; rerun the run with --save-embeddings --force")  # fmt: skip
+    return value
+
+
+def overlap_notes(query: Any, gallery: Any | None) -> list[str]:
+    """What a reader of the numbers should know about the rows: all-vs-all, that each item is
+    left out of its own gallery; queries against a gallery, how many query rows are identical
+    to a gallery row (each finds its copy at distance 0: recall@1 = 1.0 for nothing)."""
+    if gallery is None:
+        n = len(query)
+        return [f"note: all-vs-all: each of the {n} items queries the other {n - 1}; it is "
+                "excluded from its own gallery"]  # fmt: skip
+    dtype = np.result_type(np.asarray(query).dtype, np.asarray(gallery).dtype)
+    # + 0.0 makes -0.0 equal to 0.0; rows compare by their bytes
+    rows = {row.tobytes() for row in np.ascontiguousarray(gallery, dtype=dtype) + 0.0}
+    same = sum(row.tobytes() in rows for row in np.ascontiguousarray(query, dtype=dtype) + 0.0)
+    if not same:
+        return []
+    return [f"warning: {same} of {len(query)} query rows are identical to a gallery row: each "
+            "finds its copy at distance 0, which inflates recall@1; drop the copies from the "
+            "gallery, or evaluate all-vs-all (each item excluded from its own gallery)"]  # fmt: skip
+
+
+def changed_files(folder: Path) -> list[str]:
+    """A line for each saved file whose sha256 differs from what its run's result recorded
+    (the result beside the folder, when there is one)."""
+    result = Path(folder).with_suffix(".json")
+    try:
+        recorded = json.loads(result.read_text(encoding="utf-8"))["embeddings"]["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # no result beside it (a copied folder): nothing to compare with
+    changed = [name for name, sha in sorted(recorded.items())
+               if not (Path(folder) / name).is_file() or file_sha256(Path(folder) / name) != sha]  # fmt: skip
+    if not changed:
+        return []
+    return [f"warning: {', '.join(changed)} differ from the files {result.name} recorded "
+            "(sha256): these may not be the run's numbers"]  # fmt: skip

@@ -1,0 +1,212 @@
+"""Saved test embeddings (`run --save-embeddings`, read back by `evaluate DIR`): a run's test
+embeddings, labels and query/gallery flags as .npy files beside its result, with a small
+`embeddings.json` saying how the run scored them, so that `evaluate DIR` gives the run's own
+metrics and anyone can re-rank them with numpy.
+
+runs/<protocol>/<method>/seed<k>.embeddings/ holds
+  embeddings.npy   float32 [N, D], the rows the run evaluated (all-vs-all: the test split;
+                   with a query/gallery split: the queries, then the gallery)
+  labels.npy       int64 [N]
+  is_query.npy, is_gallery.npy   bool [N], only for a protocol with a query/gallery split
+  embeddings.json  protocol, method, seed, the metric options (recall_ks, metrics, k-means
+                   convention and seed) and how the run ranked (`ranking`: euclidean or
+                   learned_scorer)
+No metric uses coarse labels, so none are saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.core import HarnessError, RunContext
+from harness.evaluate.score import Evaluation, metric_names
+from harness.evaluate.scoring import retrieval_record
+from harness.records import write_bytes_atomic
+
+FORMAT = 1
+METADATA = "embeddings.json"
+FLAGS = ("is_query", "is_gallery")
+
+
+@dataclass
+class SavedEmbeddings:
+    """One run's test embeddings, labels, query/gallery flags (None: all-vs-all) and the
+    metadata that says how the run scored them (see the module docstring)."""
+
+    embeddings: np.ndarray
+    labels: np.ndarray
+    meta: dict[str, Any]
+    is_query: np.ndarray | None = None
+    is_gallery: np.ndarray | None = None
+
+    @property
+    def learned_scorer(self) -> bool:
+        """Whether the run ranked by a learned scorer (not reproducible from the embeddings)."""
+        return (self.meta.get("ranking") or {}).get("ranking") == "learned_scorer"
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays by file stem, the flags only with a query/gallery split."""
+        named = {"embeddings": self.embeddings, "labels": self.labels,
+                 "is_query": self.is_query, "is_gallery": self.is_gallery}  # fmt: skip
+        return {name: array for name, array in named.items() if array is not None}
+
+    def parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(queries, their labels, gallery, its labels) as compute_metrics takes them; the
+        gallery is None all-vs-all."""
+        if self.is_query is None or self.is_gallery is None:
+            return self.embeddings, self.labels, None, None
+        q, g = self.is_query, self.is_gallery
+        return self.embeddings[q], self.labels[q], self.embeddings[g], self.labels[g]
+
+
+def from_evaluation(
+    ctx: RunContext, result: Evaluation, query_labels: np.ndarray,
+    gallery_labels: np.ndarray | None, run: dict[str, Any],
+) -> SavedEmbeddings:  # fmt: skip
+    """A finished run's test embeddings as they are saved: the evaluated rows (queries, then
+    the gallery), and the metadata `evaluate DIR` needs to score them as the run did. `run`:
+    who made them (protocol, method, seed)."""
+    if result.embeddings is None:
+        raise HarnessError("the evaluation kept no embeddings to save")
+    rows = [result.embeddings]
+    if result.gallery_embeddings is not None:
+        rows.append(result.gallery_embeddings)
+    embeddings = torch.cat(rows).detach().float().cpu().numpy()
+    labels = np.asarray(query_labels, dtype=np.int64)
+    saved = SavedEmbeddings(embeddings, labels, {})
+    if gallery_labels is not None:
+        n = len(labels)
+        saved.labels = np.concatenate([labels, np.asarray(gallery_labels, dtype=np.int64)])
+        saved.is_query = np.arange(len(saved.labels)) < n
+        saved.is_gallery = ~saved.is_query
+    evaluation = ctx.protocol.evaluation
+    saved.meta = {
+        "format": FORMAT, **run, "seed": ctx.seed,
+        "mode": "all_vs_all" if gallery_labels is None else "query_gallery",
+        "rows": int(embeddings.shape[0]), "dimension": int(embeddings.shape[1]),
+        "recall_ks": list(evaluation.recall_ks), "metrics": metric_names(ctx.protocol),
+        "clustering": evaluation.clustering, "kmeans_seed": ctx.seed, "device": str(ctx.device),
+        "ranking": retrieval_record(ctx.protocol, result.pair_scores),
+        "files": [f"{name}.npy" for name in saved.arrays()],
+    }  # fmt: skip
+    return saved
+
+
+def write_embeddings(folder: Path, saved: SavedEmbeddings) -> dict[str, Any]:
+    """Write the folder atomically: every file into a fresh temporary folder beside it, then
+    one rename (a folder left by a run that never wrote its result is replaced). Returns what
+    the result records: the folder's name and each file's sha256."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    try:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(staging, 0o777 & ~mask)  # as mkdir would make it, not mkdtemp's 0o700
+        files = {}
+        for name, array in saved.arrays().items():
+            buffer = io.BytesIO()
+            np.save(buffer, array, allow_pickle=False)
+            files[f"{name}.npy"] = _write(staging / f"{name}.npy", buffer.getvalue())
+        text = json.dumps(saved.meta, indent=2) + "\n"
+        files[METADATA] = _write(staging / METADATA, text.encode("utf-8"))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {"path": folder.name, "files": files}
+
+
+def _write(path: Path, data: bytes) -> str:
+    write_bytes_atomic(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, as the result records it for each saved file."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_embeddings(folder: Path) -> SavedEmbeddings:
+    """A folder written by `run --save-embeddings`, checked: one-line HarnessErrors for a
+    missing folder, file or metadata, mismatched row counts, NaN or inf rows and bad flags."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HarnessError(f"{folder} is not a folder; pass a seed<k>.embeddings folder written "
+                           "by `run --save-embeddings` (or --embeddings and --labels)")  # fmt: skip
+    if not (folder / "embeddings.npy").is_file():
+        raise HarnessError(f"{folder} holds no embeddings.npy: not a folder written by `run "
+                           "--save-embeddings`; pass one (or --embeddings and --labels)")  # fmt: skip
+    meta = _metadata(folder)
+    embeddings = _array(folder, "embeddings")
+    if embeddings.ndim != 2 or embeddings.dtype.kind != "f":
+        raise HarnessError(f"{folder / 'embeddings.npy'} must be a float [N, D] array, got "
+                           f"{embeddings.dtype} {embeddings.shape}; rerun with --save-embeddings")  # fmt: skip
+    saved = SavedEmbeddings(embeddings, _array(folder, "labels"), meta)
+    present = [name for name in FLAGS if (folder / f"{name}.npy").is_file()]
+    if meta.get("mode") == "query_gallery" or present:
+        saved.is_query, saved.is_gallery = (_array(folder, name) for name in FLAGS)
+    _check_rows(folder, saved)
+    return saved
+
+
+def _metadata(folder: Path) -> dict[str, Any]:
+    path = folder / METADATA
+    if not path.is_file():
+        raise HarnessError(f"{folder} has no {METADATA} (how the run scored its embeddings); "
+                           "rerun the run with --save-embeddings --force to write it")  # fmt: skip
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HarnessError(
+            f"unreadable {path}: {exc}; rerun with --save-embeddings --force"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise HarnessError(f"{path} is not format-{FORMAT} metadata of saved embeddings; "
+                           "rerun with --save-embeddings --force")  # fmt: skip
+    return meta
+
+
+def _array(folder: Path, name: str) -> np.ndarray:
+    path = folder / f"{name}.npy"
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise HarnessError(
+            f"{folder} has no {name}.npy; rerun with --save-embeddings --force"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{path} is not a readable .npy array ({exc})") from None
+
+
+def _check_rows(folder: Path, saved: SavedEmbeddings) -> None:
+    """One label (and one flag of each kind) per embedding row, finite rows, real flags."""
+    n = saved.embeddings.shape[0]
+    for name, array in saved.arrays().items():
+        if name != "embeddings" and (array.ndim != 1 or len(array) != n):
+            raise HarnessError(f"{folder}: embeddings.npy has {n} rows but {name}.npy has shape "
+                               f"{array.shape}; they must have one entry per row")  # fmt: skip
+    if saved.labels.dtype.kind not in "iu":
+        raise HarnessError(f"{folder}/labels.npy must hold integers, got {saved.labels.dtype}")
+    bad = np.flatnonzero(~np.isfinite(saved.embeddings).all(axis=1))
+    if len(bad):
+        raise HarnessError(f"{folder}/embeddings.npy has NaN or inf in {len(bad)} of {n} rows "
+                           f"(first: row {bad[0]}); fix or drop those rows")  # fmt: skip
+    for name in FLAGS:
+        flags = getattr(saved, name)
+        if flags is not None and (flags.dtype != np.bool_ or not flags.any()):
+            raise HarnessError(f"{folder}/{name}.npy must be a bool array with at least one "
+                               f"true entry, got {flags.dtype} with {int(np.count_nonzero(flags))}")  # fmt: skip
