@@ -114,3 +114,40 @@ def test_installed_harness_lists_and_runs_protocols_from_anywhere(installed: Pat
     assert record["environment"]["packages"]["dml-harness"]
     assert len(list((results / "runs" / "smoke").glob("*/seed0.json"))) == len(listing["methods"])
     assert (results / "LEADERBOARD.md").is_file()
+
+
+def test_an_installed_distribution_adds_its_method_through_its_entry_point(
+    installed: Path, tmp_path
+):
+    """docs/own-loss.md's "Ship it as a distribution", as written: its pyproject.toml and
+    loss file, installed into the fresh virtualenv (offline: --no-deps --no-index
+    --no-build-isolation), then its commands from outside the clone."""
+    from tests.walkthrough import commands, files
+
+    page, section = REPO / "docs" / "own-loss.md", "Ship it as a distribution"
+    dist = tmp_path / "cosine-margin"
+    dist.mkdir()
+    for name, text in files(page).items():
+        (dist / name).write_text(text)
+    assert (dist / "pyproject.toml").is_file() and (dist / "cosine_margin.py").is_file()
+    install, *rest = commands(page, section)
+    assert install == "pip install ."
+    _run(sys.executable, "-m", "pip", "--python", installed / "python", "install", "--no-deps",
+         "--no-index", "--no-build-isolation", "-q", ".", cwd=dist)  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _outside_env(tmp_path)
+    outputs = []
+    for command in rest:
+        argv = command.split()
+        assert argv[0] == "dml-harness"
+        outputs.append(_run(installed / "dml-harness", *argv[1:], cwd=elsewhere, env=env))
+    listing = " ".join(outputs[0].split())
+    assert "cosine_margin" in listing
+    assert "from distribution cosine-margin 0.1.0 (cosine_margin = cosine_margin)" in listing
+    record = json.loads((elsewhere / "results/runs/smoke/cosine_margin/seed0.json").read_text())
+    assert record["status"] == "ok"
+    assert record["method"]["source"] == {
+        "distribution": "cosine-margin", "version": "0.1.0",
+        "entry_point": "cosine_margin = cosine_margin",
+    }  # fmt: skip
