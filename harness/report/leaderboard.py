@@ -9,6 +9,7 @@ sets its runs beside the reference's (harness.report.reference).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,7 +18,14 @@ from typing import Any
 import pandas as pd
 from tabulate import tabulate
 
-from harness.core import UNBOUNDED_METRICS, HarnessError, paper_results, program_name, t_interval
+from harness.core import (
+    UNBOUNDED_METRICS,
+    HarnessError,
+    describe_source,
+    paper_results,
+    program_name,
+    t_interval,
+)
 from harness.records import (
     Environment,
     RunResult,
@@ -26,6 +34,7 @@ from harness.records import (
     parse_result,
     write_text_atomic,
 )
+from harness.report.agreement import agreement_section
 from harness.report.cost_tables import cost_section
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.reference import reference_section
@@ -319,7 +328,18 @@ def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
             f"Runs: {len(group)}; commits {', '.join(commits)}; devices {', '.join(devices)}; "
             f"finished {dates[0][:10]} to {dates[-1][:10]}; made on {'; '.join(machines)}."
         )
+        lines += _sources(group)
     return "\n".join(lines) + "\n"
+
+
+def _sources(runs: list[RunResult]) -> list[str]:
+    """Where the methods that are not built in came from (a plugin file and its sha256, a
+    distribution and its version), one line each."""
+    sources = sorted({(r.method.name, json.dumps(r.method.source, sort_keys=True))
+                      for r in runs if r.method.source})  # fmt: skip
+    return [f"Not built in: `{name}` from {describe_source(json.loads(source))}"
+            + (f", sha256 `{json.loads(source)['sha256'][:12]}`" if "sha256" in source else "")
+            + "." for name, source in sources]  # fmt: skip
 
 
 def training_figures(results_dir: Path) -> str:
@@ -420,7 +440,7 @@ def write_leaderboard(results_dir: Path) -> Path:
             f"no run results under {Path(results_dir) / 'runs'}: run `{program_name()} run` first"
         )
     path = Path(results_dir) / "LEADERBOARD.md"
-    text = (render(runs) + reference_section(Path(results_dir), runs)
+    text = (render(runs) + agreement_section(runs) + reference_section(Path(results_dir), runs)
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip
     write_text_atomic(path, text)  # a unique temporary file: two writers never share one

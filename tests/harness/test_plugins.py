@@ -149,6 +149,8 @@ def test_a_changed_plugin_file_is_a_changed_run(tmp_path, capsys):
     assert json.loads(archived.read_text())["method"]["source"] == first["method"]["source"]
     board = (results / "LEADERBOARD.md").read_text()
     assert "| plug_margin" in board
+    sha = second["method"]["source"]["sha256"][:12]
+    assert f"Not built in: `plug_margin` from plugin file {path.resolve()}, sha256 `{sha}`" in board
 
 
 def test_a_built_in_result_records_no_source(tmp_path):

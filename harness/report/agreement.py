@@ -1,0 +1,89 @@
+"""Do two protocols rank the methods alike? Kendall's tau between their leaderboards.
+
+The default protocol's data is rendered glyphs; if it ranks the methods as a protocol on real
+images does (omniglot's handwriting), its verdicts say something beyond glyphs. Each pair of
+full-budget protocols that share at least MIN_SHARED methods is compared on the methods both
+ran: Kendall's tau-b of the mean main metrics (1: the same order, 0: unrelated, -1:
+reversed) with its two-sided p-value (scipy's exact test when there are no ties), and the
+methods whose rank moved most.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pandas as pd
+from tabulate import tabulate
+
+from harness.records import RunResult
+from harness.report.verdicts import per_seed
+
+MIN_SHARED = 5  # fewer methods in common: a tau means little
+MOVES_SHOWN = 3
+
+
+def _main_metric(runs: list[RunResult]) -> str:
+    content = runs[0].protocol.content or {}
+    return (content.get("evaluation") or {}).get("select_by") or "map@r"
+
+
+def _means(runs: list[RunResult]) -> tuple[str, dict[str, float]]:
+    """The protocol's main metric and each row's mean over its finished seeds."""
+    metric = _main_metric(runs)
+    values = per_seed(runs, metric)
+    return metric, {row: sum(v.values()) / len(v) for row, v in values.items() if v}
+
+
+def _ranks(means: dict[str, float], rows: list[str]) -> dict[str, int]:
+    order = sorted(rows, key=lambda r: -means[r])
+    return {row: order.index(row) + 1 for row in rows}
+
+
+def agreement_rows(groups: dict[str, list[RunResult]]) -> list[dict[str, str]]:
+    """One row per pair of protocols (by name) sharing at least MIN_SHARED methods."""
+    from scipy.stats import kendalltau  # on first use: it costs every command 0.4 s to import
+
+    means = {name: _means(runs) for name, runs in groups.items()}
+    rows = []
+    for a, b in combinations(sorted(means), 2):
+        (metric_a, ma), (metric_b, mb) = means[a], means[b]
+        shared = sorted(set(ma) & set(mb))
+        if len(shared) < MIN_SHARED:
+            continue
+        tau, p = kendalltau([ma[r] for r in shared], [mb[r] for r in shared])
+        ra, rb = _ranks(ma, shared), _ranks(mb, shared)
+        moved = sorted(shared, key=lambda r: (-abs(ra[r] - rb[r]), r))[:MOVES_SHOWN]
+        rows.append({
+            "protocols": f"{a} ({metric_a}) vs {b} ({metric_b})",
+            "methods both ran": str(len(shared)),
+            "Kendall's tau": f"{tau:+.2f}",
+            "p": f"{p:.2g}",
+            "same top 5": str(len(set(sorted(shared, key=ra.get)[:5])
+                                  & set(sorted(shared, key=rb.get)[:5]))),
+            "moved most (rank a → b)": ", ".join(f"{r} {ra[r]}→{rb[r]}" for r in moved),
+        })  # fmt: skip
+    return rows
+
+
+def agreement_section(runs: list[RunResult]) -> str:
+    """The leaderboard's section on ranking agreement ('' when no two protocols share enough
+    methods). Only full-budget runs (no --max-steps) and the paper-default rows take part."""
+    groups: dict[str, list[RunResult]] = {}
+    for r in runs:
+        if r.training.max_steps is None and not r.tuning:
+            groups.setdefault(r.protocol.name, []).append(r)
+    rows = agreement_rows(groups)
+    if not rows:
+        return ""
+    table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
+                     disable_numparse=True)  # fmt: skip
+    return "\n".join([
+        "", "## Do the protocols agree on the ranking?", "",
+        "Kendall's tau-b between two protocols' orderings of the methods both ran (by the mean "
+        "of each protocol's main metric): +1 is the same order, 0 no relation, -1 the reverse; "
+        "p is its two-sided p-value (no agreement beyond chance is the null hypothesis). `same "
+        "top 5` counts the methods in both top fives. A high tau says a protocol's ranking "
+        "carries over to the other's data; it says nothing of the gaps between methods, and "
+        "rows that the verdicts call `≈ best` may swap places by seed noise alone.",
+        "", table, "",
+    ])  # fmt: skip
