@@ -164,20 +164,25 @@ def test_a_built_in_result_records_no_source(tmp_path):
     assert moved.source_identity() == sourced.source_identity()  # where it lies: not the code
 
 
+def installed_distribution(site: Path, dist: str, version: str, module: str, code: str,
+                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A distribution on sys.path as pip leaves one (a module and its dist-info folder) whose
+    entry point in the group dml_harness.methods names the module; entry points not yet read."""
+    site.mkdir()
+    (site / f"{module}.py").write_text(code)
+    info = site / f"{module}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[dml_harness.methods]\n{module} = {module}\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", [])
+
+
 def test_entry_points_of_installed_distributions_load_with_their_name_and_version(
     tmp_path, monkeypatch
 ):
-    """A distribution on sys.path (a dist-info folder, as pip leaves it) whose entry point in
-    the group dml_harness.methods names a module: load_methods imports it."""
-    site = tmp_path / "site"
-    site.mkdir()
-    plugin_file(site, "ep_margin")
-    info = site / "ep_margin-0.3.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-margin\nVersion: 0.3.1\n")
-    (info / "entry_points.txt").write_text("[dml_harness.methods]\nep_margin = ep_margin\n")
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", [])
+    code = LOSS.replace("NAME", "ep_margin")
+    installed_distribution(tmp_path / "site", "ep-margin", "0.3.1", "ep_margin", code, monkeypatch)
     try:
         plugins.load_methods()
         assert METHODS.get("ep_margin").source == {
@@ -189,20 +194,14 @@ def test_entry_points_of_installed_distributions_load_with_their_name_and_versio
 
 
 def test_a_broken_entry_point_names_its_distribution(tmp_path, monkeypatch):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "broken_ep.py").write_text("raise RuntimeError('no GPU here')\n")
-    info = site / "broken_ep-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-ep\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[dml_harness.methods]\nbroken = broken_ep\n")
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", [])
-    assert any(ep.name == "broken" for ep in importlib.metadata.entry_points(
+    code = "raise RuntimeError('no GPU here')\n"
+    installed_distribution(tmp_path / "site", "broken-ep", "1.0", "broken_ep", code, monkeypatch)
+    assert any(ep.name == "broken_ep" for ep in importlib.metadata.entry_points(
         group="dml_harness.methods"))  # fmt: skip
-    with pytest.raises(HarnessError, match=r"entry point 'broken = broken_ep' of broken-ep "
+    with pytest.raises(HarnessError, match=r"entry point 'broken_ep = broken_ep' of broken-ep "
                        r"failed to import: RuntimeError: no GPU here"):  # fmt: skip
         plugins.load_methods()
+    sys.modules.pop("broken_ep", None)
 
 
 @pytest.mark.slow
