@@ -98,12 +98,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if ray_only and args.engine != "ray":  # else the runs would quietly stay on this machine
         raise HarnessError(f"{', '.join(ray_only)} only apply to --engine ray: add --engine ray "
                            "or drop them")  # fmt: skip
+    if args.compile and args.address is None:  # runs train on this machine: check it up front
+        check_compile(resolve_device(args.device))
     specs = _plan(args)
     here = _join_torchrun(args)
     if args.engine == "ray" and here.active:
         raise HarnessError("--engine ray runs whole runs as tasks; do not launch it with torchrun")
-    if args.compile and args.address is None:  # runs train on this machine: check it up front
-        check_compile(resolve_device(args.device))
     try:
         counts = _sweep(args, specs)
     except KeyboardInterrupt as exc:
