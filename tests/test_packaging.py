@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ("harness", "methods", "protocols", "pyproject.toml", "README.md")
@@ -151,3 +152,10 @@ def test_an_installed_distribution_adds_its_method_through_its_entry_point(
         "distribution": "cosine-margin", "version": "0.1.0",
         "entry_point": "cosine_margin = cosine_margin",
     }  # fmt: skip
+    # and tune takes it, as it takes a built-in method (validation classes carved here)
+    learning = yaml.safe_load((REPO / "protocols" / "learning.yaml").read_text())
+    learning["name"], learning["split"]["validation_fraction"] = "learning_val", 0.25
+    (elsewhere / "learning_val.yaml").write_text(yaml.safe_dump(learning))
+    _run(installed / "dml-harness", "-q", "tune", "--protocol", "learning_val.yaml", "--method",
+         "cosine_margin", "--trials", "2", "--max-steps", "2", cwd=elsewhere, env=env)  # fmt: skip
+    assert list((elsewhere / "results/tuning/learning_val").glob("cosine_margin*.yaml"))
