@@ -222,6 +222,18 @@ def test_a_missing_data_root_is_refused_before_any_folder_exists(tmp_path, capsy
     assert not results.exists()
 
 
+@pytest.mark.parametrize("command", [
+    ["tune", "--protocol", "fair_cub200", "--method", "contrastive", "--trials", "2"],
+    ["cost", "--protocol", "omniglot", "--methods", "contrastive"],
+])  # fmt: skip
+def test_tune_and_cost_refuse_a_missing_data_root_before_any_work(command, tmp_path, capsys):
+    results = tmp_path / "results"
+    assert main([*command, "--results-dir", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "reads dataset" in err and "pass --data-root DIR" in err
+    assert not results.exists()
+
+
 def verify(capsys, *args: str) -> tuple[int, list[str]]:
     code = main(["data", "verify", *args])
     return code, capsys.readouterr().out.splitlines()

@@ -27,6 +27,7 @@ from harness.cost import (
     replace_record,
     save_cost,
 )
+from harness.data import check_data_root
 from harness.report import cost_figure, cost_table, devices_table, overhead_line
 from harness.sweep import check_protocol
 
@@ -110,6 +111,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     status: 1 when a method failed, else 0."""
 
     protocol = load_protocol(args.protocol)
+    check_data_root(protocol, args.data_root)  # before anything is measured
     if args.pipeline:
         return _cost_pipeline(args, protocol)
     sizes = parse_batch_sizes(args.batch_sizes, protocol.sampler.images_per_class)

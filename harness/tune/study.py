@@ -34,6 +34,7 @@ from harness.core import (
     load_protocol,
     protocol_hyperparameters,
 )
+from harness.data import check_data_root
 from harness.sweep import check_protocol, import_ray, tuning_dir
 from harness.tune.options import TuneOptions
 from harness.tune.overlay import write_overlay
@@ -124,4 +125,5 @@ def tune(
     if trials < 1 or not math.isfinite(trials):
         raise HarnessError(f"--trials must be at least 1, got {trials}")
     check_protocol(protocol, methods)  # unknown names and bad values fail before any training
+    check_data_root(protocol, options.data_root)  # and a missing --data-root
     return {m: tune_method(protocol, m, trials, options) for m in methods}
