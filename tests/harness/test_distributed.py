@@ -192,3 +192,26 @@ def test_cost_devices_measures_the_step_on_1_and_2_processes(tmp_path, capsys):
     assert record["settings"]["threads_per_rank"] == max(1, (os.cpu_count() or 1) // 2)
     section = cost_section(tmp_path)
     assert "Scaling across devices: smoke" in section and "| 2 " in section
+
+
+def test_torchrun_ranks_load_the_plugin_and_rank_0_saves_the_embeddings(tmp_path, capsys):
+    """Every rank parses the same `--plugin` (its method exists on both, else the run would
+    fail on rank 1); rank 0 alone writes the result with the plugin's source and the saved
+    embeddings, whose rescoring gives the run's metrics."""
+    import json
+
+    from harness.cli import main
+    from tests.harness.test_plugins import plugin_file
+
+    plugin = plugin_file(tmp_path)
+    results = tmp_path / "two"
+    torchrun("-m", "harness", "run", "--protocol", "smoke", "--method", "plug_margin",
+             "--plugin", str(plugin), "--save-embeddings", "--results-dir", str(results))  # fmt: skip
+    record = json.loads((results / "runs/smoke/plug_margin/seed0.json").read_text())
+    assert record["distributed"]["world_size"] == 2
+    assert record["method"]["source"]["path"] == str(plugin.resolve())
+    saved = results / "runs/smoke/plug_margin/seed0.embeddings"
+    assert main(["evaluate", str(saved), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    for name, value in record["metrics"].items():
+        assert abs(scored[name] - value) < 1e-9, name
