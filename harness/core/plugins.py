@@ -58,6 +58,9 @@ def plugins_loaded(plugins: list[str]) -> Iterator[list[str]]:
     DML_HARNESS_PLUGINS for the processes the command starts) for the command's duration,
     then unregistered, so that one process running several commands (a test, a notebook)
     does not carry one command's plugins into the next."""
+    if not plugins:  # a command without --plugin loads its methods when it needs them
+        yield []
+        return
     keys = [_key(p) for p in plugins]
     previous = os.environ.get(PLUGINS_ENV)
     load_methods(keys)
