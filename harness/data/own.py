@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.core import HarnessError, program_name
+from harness.data import official
 from harness.data.base import LabelledImages
 from harness.data.lazy import LazyImages
 from harness.data.official import NATIVE_SIZE
@@ -65,24 +66,17 @@ class OwnListing:
 
 def require_root(dataset: str, data_root: Path | None) -> Path:
     """data_root as an existing directory, or a one-line HarnessError."""
-    if data_root is None:
-        raise HarnessError(f"{dataset} needs --data-root DIR holding your images "
-                           "(see docs/own-data.md)")  # fmt: skip
-    root = Path(data_root).expanduser()
-    if not root.is_dir():
-        raise HarnessError(f"{dataset}: --data-root {root} is not a directory")
-    return root
+    return official.require_root(dataset, Path(data_root).expanduser() if data_root else None,
+                                 "your images (docs/own-data.md)")  # fmt: skip
 
 
 def index_labels(names: list[str], pad_numbers: bool = True) -> tuple[np.ndarray, list[str]]:
-    """Labels into the sorted distinct names; integer names (OML's labels) are zero-padded to
-    one width, so that they sort as numbers (02 before 10) wherever the harness sorts names."""
+    """official.index_labels, where integer names (OML's labels) are first zero-padded to one
+    width, so that they sort as numbers (02 before 10) wherever the harness sorts names."""
     if pad_numbers and names and all(n.isdigit() for n in names):
         width = max(len(str(int(n))) for n in names)
         names = [f"{int(n):0{width}d}" for n in names]
-    classes = sorted(set(names))
-    index = {c: i for i, c in enumerate(classes)}
-    return np.asarray([index[n] for n in names], dtype=np.int64), classes
+    return official.index_labels(names)
 
 
 def check_disjoint(dataset: str, labels: np.ndarray, names: list[str], partition: np.ndarray,

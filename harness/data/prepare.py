@@ -23,6 +23,7 @@ from harness.core import (
     registered,
 )
 from harness.data.base import DATASETS, LabelledImages, needs_data_root
+from harness.data.sampler import check_fills_batches
 from harness.data.splits import Split, split_classes
 
 
@@ -110,18 +111,8 @@ def check_data_root(protocol: Protocol, data_root: str | None) -> None:
 
 
 def check_trainable(prepared: PreparedData, protocol: Protocol) -> None:
-    """Before any run: the training classes fill a P x K batch; each class with fewer than K
-    training images is named with its count (the sampler would refuse it mid-sweep)."""
-    data, split = prepared.data, prepared.split
-    k, p = protocol.sampler.images_per_class, protocol.sampler.classes_per_batch
-    classes, counts = np.unique(data.labels[split.train], return_counts=True)
-    small = [f"{data.class_names[c]} ({n})" for c, n in zip(classes, counts, strict=True) if n < k]
-    if small:
-        more = f" and {len(small) - 3} more" if len(small) > 3 else ""
-        raise HarnessError(
-            f"{len(small)} training classes have fewer than images_per_class={k} images: "
-            f"{', '.join(small[:3])}{more}; add images or lower sampler.images_per_class"
-        )
-    if len(classes) < p:
-        raise HarnessError(f"the training split has {len(classes)} classes but a batch needs "
-                           f"classes_per_batch={p}: lower sampler.classes_per_batch")  # fmt: skip
+    """Before any run: the training classes fill a P x K batch (each class with fewer than K
+    training images named with its count; the sampler would refuse it mid-sweep)."""
+    data, sampler = prepared.data, protocol.sampler
+    check_fills_batches(data.labels[prepared.split.train], sampler.classes_per_batch,
+                        sampler.images_per_class, data.class_names)  # fmt: skip

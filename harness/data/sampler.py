@@ -22,18 +22,7 @@ class PKSampler:
     ) -> None:
         self.p, self.k = classes_per_batch, images_per_class
         labels = np.asarray(labels)
-        classes, counts = np.unique(labels, return_counts=True)
-        if len(classes) < self.p:
-            raise HarnessError(
-                f"the training split has {len(classes)} classes but a batch needs "
-                f"classes_per_batch={self.p}: lower sampler.classes_per_batch"
-            )
-        small = classes[counts < self.k]
-        if len(small):
-            raise HarnessError(
-                f"{len(small)} training classes have fewer than images_per_class={self.k} images "
-                f"(smallest: {counts.min()}): lower sampler.images_per_class"
-            )
+        classes, counts = check_fills_batches(labels, self.p, self.k)
         # each class's indices in ascending order, from one stable sort: O(n log n), where a
         # scan per class would be O(n x classes) (seconds for SOP's 11,318 classes)
         order = np.argsort(labels, kind="stable")
@@ -99,3 +88,25 @@ class PKSampler:
         """One epoch of batches."""
         for _ in range(self.batches_per_epoch):
             yield self.next_batch()
+
+
+def check_fills_batches(
+    labels: np.ndarray, p: int, k: int, class_names: list[str] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The training labels fill P x K batches: at least P classes, each with at least K
+    images (a class under K is named with its count when `class_names` is given); returns
+    the classes and their counts. The sampler checks it, and a sweep before its first run."""
+    classes, counts = np.unique(labels, return_counts=True)
+    if len(classes) < p:
+        raise HarnessError(f"the training split has {len(classes)} classes but a batch needs "
+                           f"classes_per_batch={p}: lower sampler.classes_per_batch")  # fmt: skip
+    small = [(c, n) for c, n in zip(classes.tolist(), counts.tolist(), strict=True) if n < k]
+    if small:
+        if class_names is None:
+            which = f"(smallest: {counts.min()})"
+        else:
+            more = f" and {len(small) - 3} more" if len(small) > 3 else ""
+            which = ", ".join(f"{class_names[c]} ({n})" for c, n in small[:3]) + more
+        raise HarnessError(f"{len(small)} training classes have fewer than images_per_class={k} "
+                           f"images: {which}; add images or lower sampler.images_per_class")  # fmt: skip
+    return classes, counts

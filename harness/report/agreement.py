@@ -16,20 +16,15 @@ import pandas as pd
 from tabulate import tabulate
 
 from harness.records import RunResult
-from harness.report.verdicts import per_seed
+from harness.report.verdicts import main_metric, per_seed
 
 MIN_SHARED = 5  # fewer methods in common: a tau means little
 MOVES_SHOWN = 3
 
 
-def _main_metric(runs: list[RunResult]) -> str:
-    content = runs[0].protocol.content or {}
-    return (content.get("evaluation") or {}).get("select_by") or "map@r"
-
-
 def _means(runs: list[RunResult]) -> tuple[str, dict[str, float]]:
     """The protocol's main metric and each row's mean over its finished seeds."""
-    metric = _main_metric(runs)
+    metric = main_metric(runs)
     values = per_seed(runs, metric)
     return metric, {row: sum(v.values()) / len(v) for row, v in values.items() if v}
 

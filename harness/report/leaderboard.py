@@ -9,7 +9,6 @@ sets its runs beside the reference's (harness.report.reference).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,7 +37,7 @@ from harness.report.agreement import agreement_section
 from harness.report.cost_tables import cost_section
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.reference import reference_section
-from harness.report.verdicts import against_best, per_seed, row_names
+from harness.report.verdicts import against_best, main_metric, per_seed, row_names
 
 METRIC_ORDER = ("recall@", "precision@1", "r_precision", "map@r", "map", "nmi", "f1", "lda")
 
@@ -59,12 +58,6 @@ def _mean_std(values: pd.Series, scale: float, digits: int) -> str:
     if math.isnan(half):
         return f"{mean * scale:.{digits}f}"
     return f"{mean * scale:.{digits}f} ± {half * scale:.{digits}f}"
-
-
-def _main_metric(runs: list[RunResult]) -> str:
-    """The protocol's main metric: what its model selection uses (map@r unless it says)."""
-    content = runs[0].protocol.content or {}
-    return (content.get("evaluation") or {}).get("select_by") or "map@r"
 
 
 def _test_set_spread(runs: list[RunResult], metric: str) -> str:
@@ -125,7 +118,7 @@ def _table(
     metrics = sorted(
         (c for c in df.columns if _metric_key(c)[0] < len(METRIC_ORDER)), key=_metric_key
     )
-    main = _main_metric(runs)
+    main = main_metric(runs)
     if main in metrics:  # the main metric first: the table ranks by it
         metrics = [main] + [m for m in metrics if m != main]
     out = [_line(method, group, metrics, by_name[method])
@@ -335,11 +328,14 @@ def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
 def _sources(runs: list[RunResult]) -> list[str]:
     """Where the methods that are not built in came from (a plugin file and its sha256, a
     distribution and its version), one line each."""
-    sources = sorted({(r.method.name, json.dumps(r.method.source, sort_keys=True))
-                      for r in runs if r.method.source})  # fmt: skip
-    return [f"Not built in: `{name}` from {describe_source(json.loads(source))}"
-            + (f", sha256 `{json.loads(source)['sha256'][:12]}`" if "sha256" in source else "")
-            + "." for name, source in sources]  # fmt: skip
+    found = {(r.method.name, tuple(sorted(r.method.source.items())))
+             for r in runs if r.method.source}  # fmt: skip
+    lines = []
+    for name, items in sorted(found):
+        source = dict(items)
+        sha = f", sha256 `{source['sha256'][:12]}`" if source.get("sha256") else ""
+        lines.append(f"Not built in: `{name}` from {describe_source(source)}{sha}.")
+    return lines
 
 
 def training_figures(results_dir: Path) -> str:

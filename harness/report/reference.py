@@ -19,7 +19,7 @@ from tabulate import tabulate
 
 from harness.core import UNBOUNDED_METRICS, t_interval
 from harness.records import RunResult, describe, load_results, reference_dir
-from harness.report.verdicts import row_names
+from harness.report.verdicts import main_metric, row_names
 
 SAME_RTOL = 1e-12  # the regression check's EXACT_RTOL: metric sums may reorder, no more
 
@@ -107,7 +107,7 @@ def _table(here: list[RunResult], there: list[RunResult]) -> str:
     method version or other hyperparameters never share a row): finished seeds, the main
     metric on each side, the difference of the means, and whether the shared seeds
     reproduced."""
-    main = _main_metric(there or here)
+    main = main_metric(there or here)
     scale, unit = (1.0, "") if main in UNBOUNDED_METRICS else (100.0, " (%)")
     names = row_names([*here, *there])
     rows = []
@@ -133,11 +133,6 @@ def _table(here: list[RunResult], there: list[RunResult]) -> str:
         })  # fmt: skip
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
                     disable_numparse=True)  # fmt: skip
-
-
-def _main_metric(runs: list[RunResult]) -> str:
-    content = runs[0].protocol.content or {}
-    return (content.get("evaluation") or {}).get("select_by") or "map@r"
 
 
 def _mean(values: list[float]) -> float:

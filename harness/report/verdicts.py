@@ -87,3 +87,9 @@ def describe(c: Comparison, scale: float = 100.0) -> str:
     unit = " points" if scale == 100.0 else ""
     return (f"difference {c.difference * scale:+.2f}{unit}, {CONFIDENCE:.0%} CI "
             f"[{lo:+.2f}, {hi:+.2f}] ({c.test} test, n = {c.n}), p = {c.p:.3g}")  # fmt: skip
+
+
+def main_metric(runs: list[RunResult]) -> str:
+    """The protocol's main metric: what its model selection uses (map@r unless it says)."""
+    content = runs[0].protocol.content or {}
+    return (content.get("evaluation") or {}).get("select_by") or "map@r"

@@ -174,5 +174,6 @@ def prepare_all(specs: list[RunSpec]) -> None:
     """Each protocol's data built and checked once, before the first run takes a lock or makes
     a folder: nothing is trained on data with missing files, a class in both parts of a fixed
     split or a class with fewer than K training images (prepare_data caches what it built)."""
-    for spec in specs:
+    distinct = {(s.parsed_protocol.hash, s.data_root): s for s in specs}  # once per protocol
+    for spec in distinct.values():
         check_trainable(prepare_data(spec.parsed_protocol, spec.data_root), spec.parsed_protocol)
