@@ -22,13 +22,22 @@ if TYPE_CHECKING:  # matplotlib loads when a figure is drawn, not with every com
 
 
 def _figure(**options: Any) -> Figure:
-    """A matplotlib Figure (imported here: see TYPE_CHECKING above)."""
+    """A matplotlib Figure (imported here: see TYPE_CHECKING above) with the constrained
+    layout, which, unlike tight_layout, makes room for the main title and outside legends, so
+    the title never overlaps the first row of panels."""
     from matplotlib.figure import Figure
 
-    return Figure(**options)
+    return Figure(layout="constrained", **options)
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
+
+
+def MaxNLocator(**options: Any) -> Any:  # noqa: N802 (matplotlib's class, loaded on use)
+    """matplotlib's MaxNLocator (imported here: see TYPE_CHECKING above)."""
+    from matplotlib.ticker import MaxNLocator as locator
+
+    return locator(**options)
 
 
 def _save(fig: Figure, out_png: Path) -> Path:
@@ -113,7 +122,8 @@ def cost_figure(record: dict[str, Any], out_png: Path) -> Path:
     families = by_family(entries, {n: e.get("family", "") for n, e in entries.items()})
     rows = max(1, len(families))
     fig = _figure(figsize=(16, 3.9 * rows + 0.6))
-    grid = np.atleast_2d(fig.subplots(rows, 3, squeeze=False))
+    # one y range per column: a family's mining time reads against the other families'
+    grid = np.atleast_2d(fig.subplots(rows, 3, squeeze=False, sharey="col"))
     for r, (family, names) in enumerate(families.items() or [("", [])]):
         handles: dict[str, Any] = {}
         for ax, (key, ylabel, title) in zip(grid[r], panels, strict=True):
@@ -148,10 +158,9 @@ def cost_figure(record: dict[str, Any], out_png: Path) -> Path:
     fig.suptitle(
         f"Cost against batch size m = P x {record['settings']['images_per_class']} — protocol "
         f"{p['name']} v{p['version']}, {device}, median of up to {record['settings']['repeats']} "
-        "repeats; grey: the other families",
+        "repeats; grey: the other families; each column shares its y axis",
         fontsize=12,
     )
-    fig.tight_layout()
     return _save(fig, out_png)
 
 
@@ -201,7 +210,12 @@ def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | Non
     families = by_family(curves) or {"": []}
     cols = 2 if validation else 1
     fig = _figure(figsize=(8 * cols, 3.8 * len(families) + 0.6))
-    grid = np.atleast_2d(fig.subplots(len(families), cols, squeeze=False))
+    # one epoch axis for all; the validation column on one y range, so families compare (the
+    # losses are each method's own and are not comparable across methods)
+    grid = np.atleast_2d(fig.subplots(len(families), cols, squeeze=False, sharex=True))
+    if cols == 2:
+        for panel in grid[1:, 1]:
+            panel.sharey(grid[0][1])
     for r, (family, names) in enumerate(families.items()):
         ax = grid[r][0]
         for i, name in enumerate(names):
@@ -218,6 +232,8 @@ def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | Non
                                  fontsize=11)  # fmt: skip
         for panel in grid[r]:
             panel.set_xlabel("epoch")
+            panel.xaxis.set_major_locator(MaxNLocator(integer=True))
+            panel.xaxis.set_tick_params(labelbottom=True)
             panel.grid(True, alpha=0.3)
         if names:
             grid[r][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False,
@@ -226,15 +242,38 @@ def training_curve(result_paths: Iterable[Path], out_png: Path, title: str | Non
         grid[0][0].text(0.5, 0.5, "no finished run with a training loss", ha="center",
                         va="center", transform=grid[0][0].transAxes)  # fmt: skip
     fig.suptitle(title or f"Training loss — {', '.join(sorted(protocols)) or 'no runs'}")
-    fig.tight_layout()
     return _save(fig, out_png)
+
+
+def _relative(hist: dict[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+    """A method's histogram with distances in units of its mean negative-pair distance, as
+    densities (None when every distance is 0 or there are no negatives): rankings and
+    thresholds do not change with the embedding's scale, so on this axis the 29 methods'
+    overlaps compare, where raw distances span 0.1 for one method and 25 for another."""
+    edges = np.asarray(hist["edges"], dtype=float)
+    negative = np.asarray(hist["negative"], dtype=float)
+    centres = (edges[:-1] + edges[1:]) / 2
+    if negative.sum() <= 0 or not (np.diff(edges) > 0).all():
+        return None
+    scale = float((centres * negative).sum() / negative.sum())
+    if scale <= 0:
+        return None
+    rel = edges / scale
+    densities = {}
+    for key in ("positive", "negative"):
+        counts = np.asarray(hist[key], dtype=float)
+        if counts.sum() > 0:
+            densities[key] = counts / counts.sum() / np.diff(rel)
+    return rel, densities
 
 
 def distance_histograms(result_paths: Iterable[Path], out_png: Path, title: str) -> Path:
     """One panel per method: the densities of its test split's positive and negative pair
     distances (`distances` in its result, the first finished seed), as in HDC's figure: the
     less the two overlap, the better one distance threshold separates same from different.
-    Densities, so the many more negatives do not flatten the positives."""
+    Densities, so the many more negatives do not flatten the positives; distances divided by
+    the method's mean negative distance, and every panel on the same x and y axes, so that
+    any two panels compare."""
     records: dict[str, dict[str, Any]] = {}
     for path in sorted(result_paths):
         result = read_result(path)
@@ -243,30 +282,37 @@ def distance_histograms(result_paths: Iterable[Path], out_png: Path, title: str)
     names = sorted(records)
     cols = min(4, max(1, len(names)))
     rows = max(1, -(-len(names) // cols))
-    fig = _figure(figsize=(3.4 * cols, 2.5 * rows + 0.6))
-    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    fig = _figure(figsize=(3.4 * cols, 2.5 * rows + 0.7))
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)).ravel()
+    right = 0.0
     for ax, name in zip(axes, names, strict=False):
-        hist = records[name]
-        edges = np.asarray(hist["edges"])
-        widths = np.diff(edges)
-        if not (widths > 0).all():  # every distance 0 (a collapsed embedding): no density
+        relative = _relative(records[name])
+        if relative is None:  # a collapsed embedding: every distance 0, no density
             ax.text(0.5, 0.5, "all distances 0", ha="center", va="center", fontsize=8,
                     transform=ax.transAxes)  # fmt: skip
-        for key, colour in (("positive", "C2"), ("negative", "C3")):
-            counts = np.asarray(hist[key], dtype=float)
-            if counts.sum() > 0 and (widths > 0).all():
-                ax.bar(edges[:-1], counts / counts.sum() / widths, width=widths, align="edge",
-                       color=colour, alpha=0.55, label=f"{key} pairs")  # fmt: skip
+        else:
+            edges, densities = relative
+            for key, colour in (("positive", "C2"), ("negative", "C3")):
+                if key in densities:
+                    ax.stairs(densities[key], edges, fill=True, color=colour, alpha=0.55,
+                              label=f"{key} pairs")  # fmt: skip
+                    mass = np.cumsum(densities[key] * np.diff(edges))
+                    right = max(right, float(edges[1:][mass >= 0.995].min()))
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
     for ax in axes[len(names) :]:
         ax.axis("off")
+    for ax in axes[max(0, len(names) - cols) : len(names)]:  # the lowest panel of each column
+        ax.xaxis.set_tick_params(labelbottom=True)
+        ax.set_xlabel("distance ÷ mean negative", fontsize=8)
+    if right > 0:  # 99.5 % of every method's pairs
+        axes[0].set_xlim(0, min(right, 4.0))
     if not names:
         axes[0].text(0.5, 0.5, "no finished run with distances", ha="center", va="center",
                      transform=axes[0].transAxes)  # fmt: skip
     elif axes[0].get_legend_handles_labels()[0]:  # a panel with bars to name
         axes[0].legend(fontsize=7, frameon=False)
-    fig.suptitle(title + " (x: Euclidean distance, y: density)")
-    fig.tight_layout()
+    fig.suptitle(f"{title}\nx: Euclidean distance ÷ the method's mean negative-pair distance; "
+                 "y: density; all panels share both axes", fontsize=11)  # fmt: skip
     return _save(fig, out_png)
