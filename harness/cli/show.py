@@ -13,8 +13,8 @@ from harness.report.retrieval import default_out, draw_retrieval_grid, folder_of
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The `show` subcommand's options."""
-    show = sub.add_parser("show", help="what a run's model retrieves: a PNG grid of queries and "
-                          "their top-k images (needs run --save-embeddings)")  # fmt: skip
+    show = sub.add_parser("show", help="what a run's model retrieves: a PNG grid of queries "
+                          "and their top-k images (needs run --save-embeddings)")  # fmt: skip
     show.add_argument("path", type=Path, metavar="RESULT_OR_FOLDER",
                       help="a finished run's seed<k>.json or its seed<k>.embeddings folder")  # fmt: skip
     show.add_argument("--k", type=positive_int, default=8, help="retrieved images per query (8)")
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--best", type=nonnegative_int, default=4,
                       help="queries with the highest MAP@R (4)")  # fmt: skip
     show.add_argument("--random", type=nonnegative_int, default=4,
-                      help="random queries among the rest, drawn with --seed (4)")  # fmt: skip
+                      help="random queries of the rest, drawn with --seed (4)")  # fmt: skip
     show.add_argument("--seed", type=nonnegative_int, default=0, help="the random rows' seed (0)")
     show.add_argument("--out", type=Path,
                       help="the PNG (default: beside the run, seed<k>.retrieval.png)")  # fmt: skip
