@@ -80,7 +80,8 @@ def test_saved_files_match_the_sha256_in_the_result(saved_run: Path):
     folder = saved_run.with_suffix(".embeddings")
     assert record["status"] == "ok" and record["embeddings"]["path"] == "seed0.embeddings"
     files = record["embeddings"]["files"]
-    assert set(files) == {"embeddings.npy", "labels.npy", "embeddings.json"}
+    assert set(files) == {"embeddings.npy", "labels.npy", "indices.npy", "neighbours.npy",
+                          "average_precision.npy", "embeddings.json"}  # fmt: skip
     assert sorted(p.name for p in folder.iterdir()) == sorted(files)  # no temporary file left
     for name, sha in files.items():
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == sha
@@ -207,7 +208,7 @@ def test_identical_query_and_gallery_rows_are_counted(tmp_path: Path, capsys):
         (lambda f: (f / "embeddings.json").unlink(), "has no embeddings.json"),
         (lambda f: np.save(f / "labels.npy", np.zeros(5, dtype=np.int64)), "has 96 rows but"),
         (lambda f: np.save(f / "embeddings.npy", _nan_rows(f)), "NaN or inf in 2 of 96 rows"),
-        (lambda f: (f / "embeddings.json").write_text("{}"), "not format-1 metadata"),
+        (lambda f: (f / "embeddings.json").write_text("{}"), "not format-1 or format-2 metadata"),
     ],
     ids=["no embeddings", "no metadata", "row counts", "NaN rows", "bad metadata"],
 )

@@ -1,7 +1,7 @@
 """The command line, the top of the house: argument parsing and printing, nothing else.
 
 `main` builds the parser and dispatches; each command's options and body live in its own
-module (`run`, `info`: ls, evaluate, leaderboard, validate and data, `check`, `cost`,
+module (`run`, `info`: ls, evaluate, leaderboard, validate and data, `show`, `check`, `cost`,
 `tune`, `compare`). User errors print one line `error: ...` and exit with status 2.
 """
 

@@ -10,6 +10,12 @@ from harness.evaluate.metrics import (
     compute_report,
     lda_score,
 )
+from harness.evaluate.neighbours import (
+    AVERAGE_PRECISION,
+    neighbour_count,
+    per_query_values,
+    top_neighbours,
+)
 from harness.evaluate.saved import (
     SavedEmbeddings,
     file_sha256,
@@ -27,6 +33,7 @@ from harness.evaluate.score import (
 from harness.evaluate.scoring import CountedScorer, ranking_scorer, rerank, retrieval_record
 
 __all__ = [
+    "AVERAGE_PRECISION",
     "HISTOGRAM_BINS",
     "CountedScorer",
     "Evaluation",
@@ -39,6 +46,9 @@ __all__ = [
     "embed_parts",
     "evaluate",
     "lda_score",
+    "neighbour_count",
+    "per_query_values",
+    "top_neighbours",
     "ranking_scorer",
     "rerank",
     "retrieval_record",

@@ -8,10 +8,18 @@ runs/<protocol>/<method>/seed<k>.embeddings/ holds
                    with a query/gallery split: the queries, then the gallery)
   labels.npy       int64 [N]
   is_query.npy, is_gallery.npy   bool [N], only for a protocol with a query/gallery split
+  indices.npy      int64 [N], each row's index into the protocol's dataset
+                   (harness.data.prepare_data(protocol, data_root).data): its image
+  neighbours.npy   int64 [Q, k], each query's top-k gallery rows (positions among the gallery
+                   rows: all-vs-all, all the rows, the query itself left out), best first, as
+                   the run's own scorer ranked them (euclidean or learned); k = max(10, the
+                   largest recall K), at most the gallery
+  average_precision.npy   float64 [Q], each query's MAP@R (NaN: a query alone in its class)
   embeddings.json  protocol, method, seed, the metric options (recall_ks, metrics, k-means
-                   convention and seed) and how the run ranked (`ranking`: euclidean or
-                   learned_scorer)
-No metric uses coarse labels, so none are saved.
+                   convention and seed), how the run ranked (`ranking`: euclidean or
+                   learned_scorer), `neighbours` (k) and `average_precision` ("map@r")
+No metric uses coarse labels, so none are saved. Format 1 (before indices, neighbours and
+average_precision) still loads; those three are then None.
 """
 
 from __future__ import annotations
@@ -30,13 +38,16 @@ import numpy as np
 import torch
 
 from harness.core import HarnessError, RunContext
+from harness.evaluate.neighbours import AVERAGE_PRECISION
 from harness.evaluate.score import Evaluation, metric_names
 from harness.evaluate.scoring import retrieval_record
 from harness.records import write_bytes_atomic
 
-FORMAT = 1
+FORMAT = 2
+READABLE_FORMATS = (1, 2)  # format 1: without indices, neighbours and average_precision
 METADATA = "embeddings.json"
 FLAGS = ("is_query", "is_gallery")
+RETRIEVED = ("neighbours", "average_precision")  # one row per query, not per saved row
 
 
 @dataclass
@@ -49,6 +60,9 @@ class SavedEmbeddings:
     meta: dict[str, Any]
     is_query: np.ndarray | None = None
     is_gallery: np.ndarray | None = None
+    indices: np.ndarray | None = None  # int64 [N] into the protocol's dataset (format 2)
+    neighbours: np.ndarray | None = None  # int64 [Q, k] gallery positions (format 2)
+    average_precision: np.ndarray | None = None  # float64 [Q], MAP@R (format 2)
 
     @property
     def learned_scorer(self) -> bool:
@@ -58,8 +72,15 @@ class SavedEmbeddings:
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays by file stem, the flags only with a query/gallery split."""
         named = {"embeddings": self.embeddings, "labels": self.labels,
-                 "is_query": self.is_query, "is_gallery": self.is_gallery}  # fmt: skip
+                 "is_query": self.is_query, "is_gallery": self.is_gallery,
+                 "indices": self.indices, "neighbours": self.neighbours,
+                 "average_precision": self.average_precision}  # fmt: skip
         return {name: array for name, array in named.items() if array is not None}
+
+    @property
+    def num_queries(self) -> int:
+        """The rows that query: all of them all-vs-all, else those flagged is_query."""
+        return len(self.labels) if self.is_query is None else int(self.is_query.sum())
 
     def parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """(queries, their labels, gallery, its labels) as compute_metrics takes them; the
@@ -72,11 +93,12 @@ class SavedEmbeddings:
 
 def from_evaluation(
     ctx: RunContext, result: Evaluation, query_labels: np.ndarray,
-    gallery_labels: np.ndarray | None, run: dict[str, Any],
+    gallery_labels: np.ndarray | None, run: dict[str, Any], indices: np.ndarray | None = None,
 ) -> SavedEmbeddings:  # fmt: skip
     """A finished run's test embeddings as they are saved: the evaluated rows (queries, then
     the gallery), and the metadata `evaluate DIR` needs to score them as the run did. `run`:
-    who made them (protocol, method, seed)."""
+    who made them (protocol, method, seed); `indices`: each row's index into the protocol's
+    dataset; the result's neighbours and per-query MAP@R when it kept them."""
     if result.embeddings is None:
         raise HarnessError("the evaluation kept no embeddings to save")
     rows = [result.embeddings]
@@ -90,6 +112,12 @@ def from_evaluation(
         saved.labels = np.concatenate([labels, np.asarray(gallery_labels, dtype=np.int64)])
         saved.is_query = np.arange(len(saved.labels)) < n
         saved.is_gallery = ~saved.is_query
+    if indices is not None:
+        saved.indices = np.asarray(indices, dtype=np.int64)
+    if result.neighbours is not None:
+        saved.neighbours = np.asarray(result.neighbours, dtype=np.int64)
+    if result.average_precision is not None:
+        saved.average_precision = np.asarray(result.average_precision, dtype=np.float64)
     evaluation = ctx.protocol.evaluation
     saved.meta = {
         "format": FORMAT, **run, "seed": ctx.seed,
@@ -100,6 +128,10 @@ def from_evaluation(
         "ranking": retrieval_record(ctx.protocol, result.pair_scores),
         "files": [f"{name}.npy" for name in saved.arrays()],
     }  # fmt: skip
+    if saved.neighbours is not None:
+        saved.meta["neighbours"] = int(saved.neighbours.shape[1])
+    if saved.average_precision is not None:
+        saved.meta["average_precision"] = AVERAGE_PRECISION
     return saved
 
 
@@ -159,7 +191,11 @@ def load_embeddings(folder: Path) -> SavedEmbeddings:
     present = [name for name in FLAGS if (folder / f"{name}.npy").is_file()]
     if meta.get("mode") == "query_gallery" or present:
         saved.is_query, saved.is_gallery = (_array(folder, name) for name in FLAGS)
+    for name in ("indices", *RETRIEVED):  # format 2; absent from a format-1 folder
+        if meta.get("format", 1) >= 2 or (folder / f"{name}.npy").is_file():
+            setattr(saved, name, _array(folder, name))
     _check_rows(folder, saved)
+    _check_retrieved(folder, saved)
     return saved
 
 
@@ -174,8 +210,9 @@ def _metadata(folder: Path) -> dict[str, Any]:
         raise HarnessError(
             f"unreadable {path}: {exc}; rerun with --save-embeddings --force"
         ) from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise HarnessError(f"{path} is not format-{FORMAT} metadata of saved embeddings; "
+    if not isinstance(meta, dict) or meta.get("format") not in READABLE_FORMATS:
+        readable = " or ".join(f"format-{n}" for n in READABLE_FORMATS)
+        raise HarnessError(f"{path} is not {readable} metadata of saved embeddings; "
                            "rerun with --save-embeddings --force")  # fmt: skip
     return meta
 
@@ -196,11 +233,13 @@ def _check_rows(folder: Path, saved: SavedEmbeddings) -> None:
     """One label (and one flag of each kind) per embedding row, finite rows, real flags."""
     n = saved.embeddings.shape[0]
     for name, array in saved.arrays().items():
-        if name != "embeddings" and (array.ndim != 1 or len(array) != n):
+        if name not in ("embeddings", *RETRIEVED) and (array.ndim != 1 or len(array) != n):
             raise HarnessError(f"{folder}: embeddings.npy has {n} rows but {name}.npy has shape "
                                f"{array.shape}; they must have one entry per row")  # fmt: skip
-    if saved.labels.dtype.kind not in "iu":
-        raise HarnessError(f"{folder}/labels.npy must hold integers, got {saved.labels.dtype}")
+    for name in ("labels", "indices"):
+        array = getattr(saved, name)
+        if array is not None and array.dtype.kind not in "iu":
+            raise HarnessError(f"{folder}/{name}.npy must hold integers, got {array.dtype}")
     bad = np.flatnonzero(~np.isfinite(saved.embeddings).all(axis=1))
     if len(bad):
         raise HarnessError(f"{folder}/embeddings.npy has NaN or inf in {len(bad)} of {n} rows "
@@ -210,3 +249,19 @@ def _check_rows(folder: Path, saved: SavedEmbeddings) -> None:
         if flags is not None and (flags.dtype != np.bool_ or not flags.any()):
             raise HarnessError(f"{folder}/{name}.npy must be a bool array with at least one "
                                f"true entry, got {flags.dtype} with {int(np.count_nonzero(flags))}")  # fmt: skip
+
+
+def _check_retrieved(folder: Path, saved: SavedEmbeddings) -> None:
+    """One neighbour row and one MAP@R per query; neighbours are gallery positions."""
+    queries = saved.num_queries
+    gallery = len(saved.labels) if saved.is_gallery is None else int(saved.is_gallery.sum())
+    top = saved.neighbours
+    if top is not None and (top.ndim != 2 or len(top) != queries or top.dtype.kind not in "iu"
+                            or (top.size and (top.min() < 0 or top.max() >= gallery))):  # fmt: skip
+        raise HarnessError(f"{folder}/neighbours.npy must be integer [{queries}, k] positions "
+                           f"among the {gallery} gallery rows, got {top.dtype} {top.shape}; "
+                           "rerun with --save-embeddings --force")  # fmt: skip
+    ap = saved.average_precision
+    if ap is not None and (ap.ndim != 1 or len(ap) != queries or ap.dtype.kind != "f"):
+        raise HarnessError(f"{folder}/average_precision.npy must be float [{queries}], got "
+                           f"{ap.dtype} {ap.shape}; rerun with --save-embeddings --force")  # fmt: skip

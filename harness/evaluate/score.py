@@ -20,6 +20,7 @@ from harness.core import (
 from harness.data import for_test
 from harness.evaluate.embedding import embed, embed_parts
 from harness.evaluate.metrics.report import MetricOptions, compute_metrics, compute_report
+from harness.evaluate.neighbours import AVERAGE_PRECISION, per_query_values, top_neighbours
 from harness.evaluate.scoring import ranking_scorer
 
 
@@ -30,6 +31,8 @@ def evaluate(
     images: torch.Tensor,
     labels: np.ndarray,
     gallery: tuple[torch.Tensor, np.ndarray] | None = None,
+    *,
+    neighbours: int = 0,
 ) -> Evaluation:
     """Score the model on one split: all-vs-all over (images, labels), or, with ``gallery``
     (images, labels), each query ranking the whole gallery (In-shop's protocol).
@@ -39,7 +42,11 @@ def evaluate(
     method's scorer, if any, applies to the full embedding only) and the histogram of the pair
     distances. Clustering metrics cluster queries and gallery together, with the protocol's
     k-means convention (`evaluation.clustering`; see harness.evaluate.metrics). Images go
-    through the protocol's test augmentation (resize, center crop) when it has one."""
+    through the protocol's test augmentation (resize, center crop) when it has one.
+
+    `neighbours` > 0 (`run --save-embeddings`) also keeps what each query retrieves: its top
+    `neighbours` gallery rows as the run ranked them and its MAP@R (harness.evaluate.neighbours),
+    after the timings, so they time and score what a run without them does."""
     clock = PhaseTimer(ctx.device)  # its now() waits for the device's queued work
     start = clock.now()
     embedded = _embed_split(ctx, backbone, method, images, gallery)
@@ -70,10 +77,35 @@ def evaluate(
         "confidence": CONFIDENCE,
         "intervals": bootstrap_intervals(report.per_query, seed=ctx.seed),
     }  # fmt: skip
-    return Evaluation(report.metrics, timings, by_part, distances, bootstrap,
-                      report.kmeans_convention, embedded.embeddings,
-                      None if counted is None else counted.pairs,
-                      embedded.gallery[0] if embedded.gallery else None)  # fmt: skip
+    result = Evaluation(report.metrics, timings, by_part, distances, bootstrap,
+                        report.kmeans_convention, embedded.embeddings,
+                        None if counted is None else counted.pairs,
+                        embedded.gallery[0] if embedded.gallery else None)  # fmt: skip
+    if neighbours > 0:
+        _retrieved(ctx, method, embedded, labels, report.per_query, neighbours, result)
+    return result
+
+
+def _retrieved(
+    ctx: RunContext, method: Method, embedded: _Embedded, labels: np.ndarray,
+    per_query: dict[str, np.ndarray], k: int, result: Evaluation,
+) -> None:  # fmt: skip
+    """Each query's top-k gallery rows, ranked by the run's own scorer (a fresh, uncounted
+    one: the result's pair_scores stays the metrics' cost), and its MAP@R: the metrics' own
+    per-query values when the protocol reports map@r, else one more pass for them alone."""
+    all_vs_all = not embedded.gallery
+    scorer, _ = ranking_scorer(method, ctx.protocol, all_vs_all=all_vs_all)
+    gallery = None if all_vs_all else embedded.gallery[0]
+    gallery_labels = None if all_vs_all else embedded.gallery[1].cpu().numpy()
+    size = len(labels) - 1 if all_vs_all else len(gallery_labels)
+    result.neighbours = top_neighbours(embedded.embeddings, gallery, min(k, size), scorer)
+    values = per_query.get(AVERAGE_PRECISION)
+    if values is None:
+        report = compute_report(embedded.embeddings, torch.as_tensor(labels), *embedded.gallery,
+                                recall_ks=(), metrics=(AVERAGE_PRECISION,), scorer=scorer,
+                                options=_options(ctx))  # fmt: skip
+        values = report.per_query[AVERAGE_PRECISION]
+    result.average_precision = per_query_values(values, labels, gallery_labels)
 
 
 @dataclass
@@ -128,6 +160,10 @@ class Evaluation:
     embeddings: torch.Tensor | None = field(default=None, repr=False)  # the queries' (or all)
     pair_scores: int | None = None  # the learned scorer's pair evaluations; None: no scorer
     gallery_embeddings: torch.Tensor | None = field(default=None, repr=False)  # None: all-vs-all
+    # with evaluate(neighbours=k) only: each query's top-k gallery rows, ranked as the run
+    # ranked, int64 [Q, k], and its MAP@R (NaN: alone in its class), float64 [Q]
+    neighbours: np.ndarray | None = field(default=None, repr=False)
+    average_precision: np.ndarray | None = field(default=None, repr=False)
 
 
 HISTOGRAM_BINS = 50

@@ -13,9 +13,13 @@ from harness.report.figures import by_family, cost_figure, distance_histograms, 
 from harness.report.leaderboard import render, write_leaderboard
 from harness.report.reference import reference_section
 from harness.report.regression import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
+from harness.report.retrieval import RetrievalRow, draw_retrieval_grid, select_rows
 from harness.report.verdicts import against_best, describe, per_seed, row_names
 
 __all__ = [
+    "RetrievalRow",
+    "draw_retrieval_grid",
+    "select_rows",
     "BASELINE_DIR",
     "BASELINE_SEEDS",
     "against_best",

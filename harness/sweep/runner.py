@@ -19,7 +19,13 @@ import torch
 
 from harness.core import METHODS, RunContext, TrainingFailed, current
 from harness.data import LabelledImages, Split, check_trainable, decoded_by, prepare_data
-from harness.evaluate import Evaluation, SavedEmbeddings, evaluate, from_evaluation
+from harness.evaluate import (
+    Evaluation,
+    SavedEmbeddings,
+    evaluate,
+    from_evaluation,
+    neighbour_count,
+)
 from harness.records import RunResult, result_path
 from harness.sweep.identity import checkpoint_identity
 from harness.sweep.policy import checkpoint_path, decide
@@ -101,7 +107,7 @@ def execute_run(
                                    hooks=EpochHooks(on_epoch_end=on_epoch_end))  # fmt: skip
         if not ctx.dist.is_main:  # rank 0 evaluates and writes
             return "ok", path
-        result, query = _evaluate(ctx, model, data, split)
+        result, query = _evaluate(ctx, model, data, split, spec.save_embeddings)
     except TrainingFailed as exc:  # also NaN test embeddings: this run failed, the sweep goes on
         if not ctx.dist.is_main:
             return "failed", path
@@ -132,7 +138,8 @@ def _saved(
     run = {"protocol": {"name": protocol.name, "version": protocol.version, "hash": protocol.hash},
            "method": spec.method, "run_name": spec.run_name}  # fmt: skip
     gallery_labels = data.labels[split.gallery] if has_gallery else None
-    return from_evaluation(ctx, result, data.labels[query], gallery_labels, run)
+    indices = np.concatenate([query, split.gallery]) if has_gallery else query
+    return from_evaluation(ctx, result, data.labels[query], gallery_labels, run, indices)
 
 
 def _data(ctx: RunContext) -> tuple[LabelledImages, Split]:
@@ -142,16 +149,19 @@ def _data(ctx: RunContext) -> tuple[LabelledImages, Split]:
 
 
 def _evaluate(
-    ctx: RunContext, model: Model, data: LabelledImages, split: Split
+    ctx: RunContext, model: Model, data: LabelledImages, split: Split, keep_neighbours: bool
 ) -> tuple[Evaluation, np.ndarray]:
     """The test split's evaluation (In-shop: its official queries against its gallery), and
-    the indices of the items evaluated as queries."""
+    the indices of the items evaluated as queries; `keep_neighbours` (--save-embeddings):
+    with what each query retrieves."""
     query = split.query if len(split.gallery) else split.test
     gallery = (
         (data.images[split.gallery], data.labels[split.gallery]) if len(split.gallery) else None
     )
+    size = len(split.gallery) if len(split.gallery) else len(query) - 1
+    k = neighbour_count(ctx.protocol.evaluation.recall_ks, size) if keep_neighbours else 0
     result = evaluate(ctx, model.backbone, model.method, data.images[query], data.labels[query],
-                      gallery)  # fmt: skip
+                      gallery, neighbours=k)  # fmt: skip
     return result, query
 
 

@@ -1,0 +1,333 @@
+"""What the model retrieves: a grid of test queries, each followed by its top-k retrieved
+images, framed green (same class as the query) or red (another class), drawn from a run's
+saved embeddings folder (`run --save-embeddings`) and the protocol's own data.
+
+Which rows: the worst and the best queries by their MAP@R (ties to the lower query index),
+then random ones drawn with a seed from the rest: the same folder and options give the same
+grid. Which neighbours: those the run itself ranked (neighbours.npy, by its own scorer,
+Euclidean or learned); a format-1 folder (saved before neighbours.npy) is ranked again by
+Euclidean distance, which only a Euclidean run's ranking is.
+
+matplotlib through its object API and the Agg canvas, as harness.report.figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from harness.core import HarnessError, Protocol, load_protocol, parse_protocol, program_name
+from harness.data import prepare_data
+from harness.evaluate import (
+    AVERAGE_PRECISION,
+    SavedEmbeddings,
+    compute_report,
+    load_embeddings,
+    per_query_values,
+    top_neighbours,
+)
+from harness.records import read_result
+
+if TYPE_CHECKING:  # matplotlib loads when a grid is drawn, not with every command
+    from matplotlib.figure import Figure
+
+CORRECT_COLOUR = "#00b000"  # the frame of a neighbour of the query's class
+WRONG_COLOUR = "#e00000"  # the frame of a neighbour of another class
+QUERY_COLOUR = "#1f3fbf"  # the query's own frame
+
+# the grid's geometry, in inches at DPI dots per inch (fixed: a grid's pixel size is known)
+DPI = 100
+CELL = 0.9  # one image's square
+GAP = 0.1  # between two cells
+QUERY_GAP = 0.3  # between the query and its first neighbour
+LEFT = 1.5  # the row labels
+TOP = 0.85  # the title and the column headers
+MARGIN = 0.15  # right and bottom
+FRAME_POINTS = 4.0  # frame line width
+
+
+@dataclass(frozen=True)
+class RetrievalRow:
+    """One row of the grid: a query (its position among the saved queries), why it was
+    chosen (worst, best or random), its MAP@R, its top-k gallery rows (positions among the
+    saved gallery rows) and, for each, whether it has the query's class."""
+
+    query: int
+    kind: str
+    average_precision: float
+    neighbours: tuple[int, ...]
+    correct: tuple[bool, ...]
+
+
+def select_rows(
+    average_precision: np.ndarray,
+    neighbours: np.ndarray,
+    query_labels: np.ndarray,
+    gallery_labels: np.ndarray,
+    *,
+    k: int = 8,
+    worst: int = 4,
+    best: int = 4,
+    random: int = 4,
+    seed: int = 0,
+) -> list[RetrievalRow]:
+    """The grid's rows, reproducibly: the `worst` queries with the lowest MAP@R, the `best`
+    with the highest (ties to the lower query index; a query is chosen once), then `random`
+    of the rest drawn with `seed` (in query order). Queries whose MAP@R is NaN (alone in
+    their class) are never chosen. `neighbours` [Q, >= k]: each query's ranked gallery rows."""
+    ap = np.asarray(average_precision, dtype=np.float64)
+    if neighbours.shape[1] < k:
+        raise HarnessError(f"--k {k} is more than the {neighbours.shape[1]} neighbours kept")
+    candidates = np.flatnonzero(np.isfinite(ap))
+    by_ap = candidates[np.lexsort((candidates, ap[candidates]))]  # ascending, ties by index
+    by_ap_desc = candidates[np.lexsort((candidates, -ap[candidates]))]
+    chosen: list[tuple[int, str]] = [(int(q), "worst") for q in by_ap[:worst]]
+    taken = {q for q, _ in chosen}
+    chosen += [(int(q), "best") for q in by_ap_desc if q not in taken][:best]
+    taken = {q for q, _ in chosen}
+    rest = np.array([q for q in candidates if q not in taken], dtype=np.int64)
+    drawn = np.random.default_rng(seed).permutation(rest)[:random]
+    chosen += [(int(q), "random") for q in np.sort(drawn)]
+    rows = []
+    for q, kind in chosen:
+        top = tuple(int(g) for g in neighbours[q, :k])
+        correct = tuple(bool(gallery_labels[g] == query_labels[q]) for g in top)
+        rows.append(RetrievalRow(q, kind, float(ap[q]), top, correct))
+    return rows
+
+
+def draw_retrieval_grid(
+    folder: Path,
+    out_png: Path,
+    *,
+    k: int = 8,
+    worst: int = 4,
+    best: int = 4,
+    random: int = 4,
+    seed: int = 0,
+    data_root: Path | None = None,
+) -> Path:
+    """Draw the retrieval grid of a run's saved embeddings folder (seed<k>.embeddings) into
+    `out_png`; returns its path. The images come from the run's protocol's data (the result
+    beside the folder says which protocol; `data_root` for a dataset read from disk), checked
+    to be the run's: their labels must equal the saved ones. HarnessError, one line, for a
+    folder that cannot be drawn (see harness.cli.show)."""
+    folder = Path(folder)
+    for name, count in (("k", k), ("worst", worst), ("best", best), ("random", random)):
+        if count < (1 if name == "k" else 0):
+            raise HarnessError(f"--{name} must be at least {1 if name == 'k' else 0}, got {count}")
+    if worst + best + random == 0:
+        raise HarnessError("no rows to draw: --worst, --best and --random are all 0")
+    saved = load_embeddings(folder)
+    query_rows, gallery_rows = _rows(saved)
+    ranked = len(gallery_rows) - int(saved.is_query is None)  # all-vs-all: not the query itself
+    if k > ranked:
+        raise HarnessError(f"--k {k} is more than the {ranked} gallery images each query ranks; "
+                           "pass a smaller --k")  # fmt: skip
+    protocol = run_protocol(folder, saved)
+    prepared = prepare_data(protocol, None if data_root is None else str(data_root))
+    indices = _indices(saved, prepared.split)
+    data = prepared.data
+    if indices.max(initial=-1) >= len(data.labels) or not np.array_equal(
+        data.labels[indices], saved.labels
+    ):
+        where = f"under --data-root {data_root}" if data_root else "built without --data-root"
+        raise HarnessError(f"the data {where} is not what this run used: its labels differ "
+                           "from the saved ones; pass the run's --data-root")  # fmt: skip
+    neighbours = _neighbours(folder, saved, k)
+    ap = _average_precision(saved)
+    query_labels, gallery_labels = saved.labels[query_rows], saved.labels[gallery_rows]
+    rows = select_rows(ap, neighbours, query_labels, gallery_labels, k=k, worst=worst,
+                       best=best, random=random, seed=seed)  # fmt: skip
+    if not rows:
+        raise HarnessError(f"{folder}: no query has another image of its class to retrieve")
+    images = data.images
+    title = (f"What {saved.meta.get('method')} retrieves: {protocol.name} v{protocol.version}, "
+             f"seed {saved.meta.get('seed')}, top {k} by {_ranking(saved)}")  # fmt: skip
+    fig = _grid(rows, k, title)
+    for r, row in enumerate(rows):
+        dataset_rows = [indices[query_rows[row.query]]]
+        dataset_rows += [indices[gallery_rows[g]] for g in row.neighbours]
+        pictures = _images(images, np.asarray(dataset_rows, dtype=np.int64))
+        for c, picture in enumerate(pictures):
+            colour = QUERY_COLOUR if c == 0 else (
+                CORRECT_COLOUR if row.correct[c - 1] else WRONG_COLOUR)  # fmt: skip
+            _cell(fig, rows, k, r, c, picture, colour)
+        x, y, _, h = cell_rect(len(rows), k, r, 0)
+        label = (f"{row.kind} #{row.query}\nclass {int(query_labels[row.query])}\n"
+                 f"MAP@R {row.average_precision:.2f}")  # fmt: skip
+        fig.text(x - 0.1 / grid_size(len(rows), k)[0], y + h / 2, label, ha="right",
+                 va="center", fontsize=8)  # fmt: skip
+    return _save(fig, Path(out_png))
+
+
+def run_protocol(folder: Path, saved: SavedEmbeddings) -> Protocol:
+    """The protocol the run used: as its result (beside the folder) recorded it, else the
+    shipped protocol of that name if its hash is still the run's."""
+    result = Path(folder).with_suffix(".json")
+    recorded = (saved.meta.get("protocol") or {}).get("hash")
+    if result.is_file():
+        info = read_result(result).protocol
+        if info.content:
+            protocol = parse_protocol(info.content, info.path or str(result))
+            if protocol.hash == info.hash:
+                return protocol
+    name = (saved.meta.get("protocol") or {}).get("name")
+    if not isinstance(name, str):
+        raise HarnessError(f"{folder}/embeddings.json names no protocol; rerun with "
+                           "--save-embeddings --force")  # fmt: skip
+    protocol = load_protocol(name)
+    if protocol.hash != recorded:
+        raise HarnessError(f"protocol {name} has changed since this run (hash {protocol.hash}, "
+                           f"the run's {recorded}) and no result beside {folder} records the "
+                           "run's; keep the seed<k>.json beside its folder")  # fmt: skip
+    return protocol
+
+
+def _rows(saved: SavedEmbeddings) -> tuple[np.ndarray, np.ndarray]:
+    """The saved rows that query and those that form the gallery (all of them all-vs-all)."""
+    if saved.is_query is None or saved.is_gallery is None:
+        every = np.arange(len(saved.labels))
+        return every, every
+    return np.flatnonzero(saved.is_query), np.flatnonzero(saved.is_gallery)
+
+
+def _indices(saved: SavedEmbeddings, split: object) -> np.ndarray:
+    """Each saved row's index into the dataset: indices.npy, or for a format-1 folder the
+    runner's rule (the queries then the gallery, else the test split), checked by labels."""
+    if saved.indices is not None:
+        return saved.indices
+    gallery = np.asarray(split.gallery)
+    if len(gallery):
+        return np.concatenate([np.asarray(split.query), gallery]).astype(np.int64)
+    return np.asarray(split.test, dtype=np.int64)
+
+
+def _neighbours(folder: Path, saved: SavedEmbeddings, k: int) -> np.ndarray:
+    """The run's own top-k (neighbours.npy); else a Euclidean ranking of the embeddings,
+    refused for a learned scorer, whose ranking the embeddings cannot give."""
+    if saved.neighbours is not None and saved.neighbours.shape[1] >= k:
+        return saved.neighbours
+    if saved.learned_scorer:
+        had = "" if saved.neighbours is None else f" with {saved.neighbours.shape[1]} neighbours"
+        method = saved.meta.get("method")
+        raise HarnessError(f"{folder}: {method} ranked by its learned scorer, which is not "
+                           f"saved, and the folder{had} cannot give a top {k}; rerun with "
+                           "--save-embeddings --force (or pass a smaller --k)")  # fmt: skip
+    query, _, gallery, _ = saved.parts()
+    g = None if gallery is None else torch.as_tensor(gallery)
+    return top_neighbours(torch.as_tensor(query), g, k)
+
+
+def _average_precision(saved: SavedEmbeddings) -> np.ndarray:
+    """Each query's MAP@R: average_precision.npy, or (a format-1, Euclidean folder) computed."""
+    if saved.average_precision is not None:
+        return saved.average_precision
+    query, query_labels, gallery, gallery_labels = saved.parts()
+    report = compute_report(query, query_labels, gallery, gallery_labels, recall_ks=(),
+                            metrics=(AVERAGE_PRECISION,))  # fmt: skip
+    return per_query_values(report.per_query[AVERAGE_PRECISION], query_labels, gallery_labels)
+
+
+def _ranking(saved: SavedEmbeddings) -> str:
+    return "its learned scorer" if saved.learned_scorer else "Euclidean distance"
+
+
+def _images(images: object, rows: np.ndarray) -> list[np.ndarray]:
+    """The images at `rows` as [H, W] or [H, W, 3] floats in [0, 1], each scaled to its own
+    range (uint8 pixels or normalised floats alike)."""
+    batch = images[rows]  # type: ignore[index]
+    if not isinstance(batch, torch.Tensor):
+        batch = batch.load()  # a lazy image store's view
+    out = []
+    for image in batch.detach().cpu().to(torch.float64).numpy():
+        low, high = float(image.min()), float(image.max())
+        scaled = (image - low) / (high - low) if high > low else np.zeros_like(image)
+        out.append(scaled[0] if scaled.shape[0] == 1 else np.moveaxis(scaled[:3], 0, -1))
+    return out
+
+
+def grid_size(num_rows: int, k: int) -> tuple[float, float]:
+    """The grid's (width, height) in inches: its pixel size is these times DPI."""
+    width = LEFT + CELL * (k + 1) + GAP * (k - 1) + QUERY_GAP + MARGIN
+    height = TOP + CELL * num_rows + GAP * (num_rows - 1) + MARGIN
+    return width, height
+
+
+def cell_rect(num_rows: int, k: int, row: int, column: int) -> tuple[float, float, float, float]:
+    """(left, bottom, width, height) of one cell in figure fractions; column 0 is the query."""
+    width, height = grid_size(num_rows, k)
+    left = LEFT + column * CELL + (QUERY_GAP + (column - 1) * GAP if column else 0.0)
+    top = TOP + row * (CELL + GAP)
+    return left / width, 1.0 - (top + CELL) / height, CELL / width, CELL / height
+
+
+def _grid(rows: list[RetrievalRow], k: int, title: str) -> Figure:
+    from matplotlib.figure import Figure
+
+    width, height = grid_size(len(rows), k)
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    fig.suptitle(title, x=0.5, y=1.0 - 0.1 / height, va="top", fontsize=10)
+    legend = (f"frame: green = same class as the query, red = another class; "
+              f"rows: worst and best by {AVERAGE_PRECISION.upper()}, then random")  # fmt: skip
+    fig.text(0.5, 1.0 - 0.38 / height, legend, ha="center", va="top", fontsize=8)
+    for column in range(k + 1):
+        x, y, w, h = cell_rect(len(rows), k, 0, column)
+        fig.text(x + w / 2, y + h + 0.04 / height, "query" if column == 0 else str(column),
+                 ha="center", va="bottom", fontsize=8)  # fmt: skip
+    return fig
+
+
+def _cell(fig: Figure, rows: list[RetrievalRow], k: int, row: int, column: int,
+          picture: np.ndarray, colour: str) -> None:  # fmt: skip
+    ax = fig.add_axes(cell_rect(len(rows), k, row, column))
+    gray = picture.ndim == 2
+    ax.imshow(picture, cmap="gray" if gray else None, vmin=0.0, vmax=1.0,
+              interpolation="nearest", aspect="auto")  # fmt: skip
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_edgecolor(colour)
+        spine.set_linewidth(FRAME_POINTS)
+
+
+def _save(fig: Figure, out_png: Path) -> Path:
+    """Write the PNG atomically at DPI, its size exactly grid_size * DPI (no tight bbox)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    tmp = out_png.with_name(f".{out_png.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=DPI)
+    tmp.replace(out_png)
+    return out_png
+
+
+def default_out(result_or_folder: Path) -> Path:
+    """Beside the run: seed<k>.retrieval.png."""
+    return Path(result_or_folder).with_suffix(".retrieval.png")
+
+
+def folder_of(path: Path) -> Path:
+    """The saved embeddings folder of a result file (seed<k>.json) or the folder itself;
+    one-line HarnessErrors for a path that is neither, or a run that saved none."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "embeddings.json").is_file():
+            raise HarnessError(f"{path} is not a seed<k>.embeddings folder written by `run "
+                               "--save-embeddings`; pass one, or a run's seed<k>.json")  # fmt: skip
+        return path
+    if path.suffix != ".json" or not path.is_file():
+        raise HarnessError(f"{path} is not a run's result (seed<k>.json) or its seed<k>.embeddings "
+                           "folder; pass one of them")  # fmt: skip
+    record = read_result(path)
+    folder = path.with_suffix(".embeddings")
+    if not record.embeddings or not folder.is_dir():
+        state = "" if record.status == "ok" else f" (its status: {record.status})"
+        raise HarnessError(f"{path} has no saved embeddings{state}; rerun it with "
+                           f"`{program_name()} run ... --save-embeddings --force`")  # fmt: skip
+    return folder
