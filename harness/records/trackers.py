@@ -19,7 +19,6 @@ from harness.records.tracking import (
     TRACKERS,
     Tracker,
     TrackerConfig,
-    metric_key,
 )
 
 IDENTITY_TAG = "harness.identity"  # the MLflow tag a resumed run is found again by
@@ -68,8 +67,8 @@ class TensorBoardTracker(Tracker):
 
     def _log_final(self, step: int, metrics: dict[str, float], artifacts: list[Path]) -> None:
         writer = self._open(step)
-        for name, value in metrics.items():
-            writer.add_scalar(f"test/{metric_key(name)}", value, step)
+        for key, value in metrics.items():
+            writer.add_scalar(key, value, step)
         writer.flush()
         for path in artifacts:  # TensorBoard has no artifacts: the files beside the events
             shutil.copyfile(path, Path(writer.log_dir) / path.name)
@@ -162,7 +161,7 @@ class MlflowTracker(Tracker):
             self._log(step, values)
 
     def _log_final(self, step: int, metrics: dict[str, float], artifacts: list[Path]) -> None:
-        self._log(step, {f"test/{metric_key(k)}": v for k, v in metrics.items()})
+        self._log(step, metrics)
         for path in artifacts:
             self.client.log_artifact(str(self.run_id), str(path))
 

@@ -70,8 +70,9 @@ class Tracker:
         self._guard(self._log_epoch, step, {metric_key(k): v for k, v in values.items()})
 
     def log_final(self, step: int, metrics: dict[str, float], artifacts: list[Path]) -> None:
-        """The run's final metrics (each as `test/<metric_key>`) and files."""
-        self._guard(self._log_final, step, metrics, artifacts)
+        """The run's final metrics (at the run's last step) and files."""
+        self._guard(self._log_final, step, {metric_key(k): v for k, v in metrics.items()},
+                    artifacts)  # fmt: skip
 
     def close(self, status: str = "FINISHED") -> None:
         """End the tracker run: FINISHED, FAILED or KILLED (interrupted, to be resumed)."""

@@ -64,4 +64,5 @@ def log_result(tracker: Tracker, record: RunResult, path: Path) -> None:
         copy = Path(folder) / path.name
         copy.write_text(json.dumps(record.to_json(), indent=2), encoding="utf-8")
         steps = record.training.steps if record.training else 0
-        tracker.log_final(steps, record.metrics or {}, [copy])
+        metrics = {f"test/{k}": v for k, v in (record.metrics or {}).items()}
+        tracker.log_final(steps, metrics, [copy])
