@@ -53,3 +53,18 @@ def add_plugin_option(parser: argparse.ArgumentParser) -> None:
         help="also load the methods of this .py file or importable module (repeatable; each "
         "result records the file's sha256); installed distributions' methods load without it",
     )  # fmt: skip
+
+
+def add_tracker_options(parser: argparse.ArgumentParser) -> None:
+    """`--tracker` and `--tracker-uri`: the commands that train take them (run, tune)."""
+    parser.add_argument(
+        "--tracker", default="none", choices=["none", "tensorboard", "mlflow"],
+        help="also report each run as it trains to TensorBoard or MLflow (needs the "
+        "tensorboard or mlflow extra); not part of a run's identity (default: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tracker-uri", metavar="URI",
+        help="where the tracker writes: a TensorBoard log folder, or an MLflow tracking URI "
+        "(http://host:5000, sqlite:///file.db, ...); default: <results-dir>/tracking/tensorboard "
+        "or sqlite:///<results-dir>/tracking/mlflow/mlflow.db",
+    )  # fmt: skip

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import torch.distributed
 
-from harness.cli.argtypes import add_plugin_option, nonnegative_int, positive_int, seed_list
+from harness.cli.argtypes import (
+    add_plugin_option,
+    add_tracker_options,
+    nonnegative_int,
+    positive_int,
+    seed_list,
+)
 from harness.core import (
     METHODS,
     SINGLE,
@@ -30,7 +36,7 @@ from harness.core import (
     program_name,
     resolve_device,
 )
-from harness.records import reference_dir, result_paths
+from harness.records import reference_dir, result_paths, tracking_config
 from harness.report import write_leaderboard
 from harness.sweep import RunSpec, plan, sweep, sweep_ray
 from harness.train import check_compile
@@ -87,6 +93,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="with --engine ray: CPUs per task, also its torch threads (default 1)")  # fmt: skip
     run.add_argument("--gpus-per-run", type=float,
                      help="with --engine ray: GPUs per task (default 0)")  # fmt: skip
+    add_tracker_options(run)
     add_plugin_option(run)
     run.set_defaults(handler=cmd_run)
 
@@ -128,6 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> list[RunSpec]:
     """The sweep the options ask for: the protocol (at --precision if given), the methods,
     the seeds, every option; bad input fails here, before any run."""
+    tracking = tracking_config(args.tracker, args.tracker_uri, args.results_dir)
     protocol = load_protocol(args.protocol)
     if args.precision and args.precision != protocol.precision:
         protocol = dataclasses.replace(protocol, precision=args.precision)
@@ -143,6 +151,7 @@ def _plan(args: argparse.Namespace) -> list[RunSpec]:
         max_steps=args.max_steps, results_dir=args.results_dir, force=args.force,
         weights=args.weights, workers=args.workers, decoder=args.decoder,
         compile=args.compile, tuned=args.tuned, save_embeddings=args.save_embeddings,
+        tracking=tracking,
     )  # fmt: skip
     log.info(
         "protocol %s v%d (%s): %d runs", protocol.name, protocol.version, protocol.hash, len(specs)

@@ -6,9 +6,10 @@ from typing import Any
 
 import yaml
 
-from harness.cli.argtypes import add_plugin_option, positive_int
+from harness.cli.argtypes import add_plugin_option, add_tracker_options, positive_int
 from harness.cli.run import terminate
 from harness.core import load_methods
+from harness.records import tracking_config
 from harness.tune import TuneOptions, tune
 
 
@@ -34,6 +35,7 @@ def add_parser(sub: Any) -> None:
                     help="with --engine ray: CPUs (and torch threads) per trial")  # fmt: skip
     tn.add_argument("--gpus-per-trial", type=float, default=0.0,
                     help="with --engine ray: GPUs per trial")  # fmt: skip
+    add_tracker_options(tn)
     add_plugin_option(tn)
     tn.set_defaults(handler=cmd_tune)
 
@@ -45,6 +47,7 @@ def cmd_tune(args: Any) -> int:
     load_methods()
 
     names = [m.strip() for m in args.method.split(",") if m.strip()]
+    tracking = tracking_config(args.tracker, args.tracker_uri, args.results_dir)
     previous = signal.signal(signal.SIGTERM, terminate)  # SIGTERM stops like Ctrl-C
     try:
         options = TuneOptions(
@@ -52,6 +55,7 @@ def cmd_tune(args: Any) -> int:
             data_root=args.data_root, device=args.device, max_steps=args.max_steps,
             progress=not args.quiet, engine=args.engine, address=args.address,
             cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
+            tracking=tracking,
         )  # fmt: skip
         written = tune(args.protocol, names, args.trials, options)
     except KeyboardInterrupt:

@@ -2,7 +2,9 @@
 
 `results` holds the records and their readers and writers, `provenance` where a number came
 from (code version, packages, hardware, this machine's id), `fingerprint` what decides a
-run's float rounding, `locks` the run locks that keep two processes off one result.
+run's float rounding, `locks` the run locks that keep two processes off one result,
+`tracking` the experiment trackers a run may also report to and `trackers` their two
+implementations (TensorBoard, MLflow).
 """
 
 from harness.records.fingerprint import describe, machine_fingerprint, package_versions
@@ -31,8 +33,25 @@ from harness.records.results import (
     write_result,
     write_text_atomic,
 )
+from harness.records.trackers import open_tracker, tracking_config
+from harness.records.tracking import (
+    NO_TRACKING,
+    TRACKERS,
+    Tracker,
+    TrackerConfig,
+    child_config,
+    metric_key,
+)
 
 __all__ = [
+    "NO_TRACKING",
+    "TRACKERS",
+    "Tracker",
+    "TrackerConfig",
+    "child_config",
+    "metric_key",
+    "open_tracker",
+    "tracking_config",
     "DatasetInfo",
     "Environment",
     "MethodInfo",

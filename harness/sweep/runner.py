@@ -38,6 +38,7 @@ from harness.sweep.record import (
     write_run,
 )
 from harness.sweep.spec import RunSpec, resolve, resolve_all, run_context
+from harness.sweep.tracked import log_result, tracked
 from harness.train import Checkpoint, EpochHooks, Model, train_model
 
 log = logging.getLogger(__name__)
@@ -97,21 +98,34 @@ def execute_run(
             return "not_applicable", path
         return _stop(record, path, "not_applicable", f"{spec.method} needs coarse labels; "
                      f"{ctx.protocol.dataset.name} has none", write)  # fmt: skip
+    with tracked(spec, ctx, record) as tracker:
+        hooks = EpochHooks(on_epoch_end=on_epoch_end, on_epoch_stats=tracker.log_epoch)
+        status = _train_and_write(spec, ctx, (data, split), record, path, hooks, write)
+        if status == "ok":
+            log_result(tracker, record, path)
+    return status, path
+
+
+def _train_and_write(
+    spec: RunSpec, ctx: RunContext, prepared: tuple[LabelledImages, Split], record: RunResult,
+    path: Path, hooks: EpochHooks, write: Writer,
+) -> str:  # fmt: skip
+    """Train (resuming from the run's checkpoint), evaluate and write; returns the status."""
+    data, split = prepared
     checkpoint = Checkpoint(
         checkpoint_path(ctx.results_dir, ctx.protocol.name, spec.run_name, spec.seed),
         checkpoint_identity(record, spec.seed, spec.max_steps, spec.decoder),
     )
     try:
         model, stats = train_model(ctx, spec.method, spec.hyperparameters, data, split.train,
-                                   split.validation, checkpoint=checkpoint,
-                                   hooks=EpochHooks(on_epoch_end=on_epoch_end))  # fmt: skip
+                                   split.validation, checkpoint=checkpoint, hooks=hooks)  # fmt: skip
         if not ctx.dist.is_main:  # rank 0 evaluates and writes
-            return "ok", path
+            return "ok"
         result, query = _evaluate(ctx, model, data, split, spec.save_embeddings)
     except TrainingFailed as exc:  # also NaN test embeddings: this run failed, the sweep goes on
         if not ctx.dist.is_main:
-            return "failed", path
-        stopped = _stop(record, path, "failed", str(exc), write)
+            return "failed"
+        stopped, _ = _stop(record, path, "failed", str(exc), write)
         checkpoint.path.unlink(missing_ok=True)
         return stopped
     if model.method.diagnostics is not None:  # the method's own numbers on the test embeddings
@@ -124,7 +138,7 @@ def execute_run(
     else:
         write(path, record)
     checkpoint.path.unlink(missing_ok=True)
-    return "ok", path
+    return "ok"
 
 
 def _saved(

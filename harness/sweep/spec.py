@@ -21,7 +21,7 @@ from harness.core import (
     resolve_device,
 )
 from harness.data import check_data_root
-from harness.records import read_result, result_path
+from harness.records import NO_TRACKING, TrackerConfig, read_result, result_path
 from harness.sweep.identity import refuse_to_replace
 from harness.sweep.preflight import check_protocol
 from harness.sweep.tuned import load_overlay
@@ -52,6 +52,9 @@ class RunSpec:
     tuning: dict[str, Any] | None = field(default=None, hash=False)
     # `run --save-embeddings`: the test embeddings, labels and flags beside the result
     save_embeddings: bool = False
+    # `run --tracker`: where the run also reports as it trains; not part of the run's
+    # identity (harness.sweep.identity): a tracked and an untracked run are the same run
+    tracking: TrackerConfig = field(default=NO_TRACKING, compare=False)
 
     @property
     def run_name(self) -> str:

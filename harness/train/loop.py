@@ -66,6 +66,7 @@ class _Session:
                         disable=None if progress else True, leave=False)  # fmt: skip
         self.start = self.timer.now()
         self.epoch_start = time.perf_counter()
+        self.epoch_counts = (stats.images, stats.tuples_mined, stats.data_wait_seconds)
 
     def set_learning_rate(self, step: int) -> None:
         factor = lr_factor(self.protocol, step / self.per_epoch, self.total / self.per_epoch)
@@ -154,6 +155,25 @@ class _Session:
 
     def next_epoch(self) -> None:
         self.running, self.in_epoch, self.epoch_start = 0.0, 0, time.perf_counter()
+        stats = self.state.stats
+        self.epoch_counts = (stats.images, stats.tuples_mined, stats.data_wait_seconds)
+
+    def epoch_values(self, seconds: float) -> dict[str, float]:
+        """This epoch's numbers for a tracker: mean loss, each parameter group's learning
+        rate, tuples mined, the share of its seconds spent waiting for data, images per
+        second, and the validation score when there is one."""
+        stats = self.state.stats
+        images, tuples, wait = self.epoch_counts
+        seconds = max(seconds, 1e-9)
+        values = {"train/loss": stats.epoch_loss[-1],
+                  "train/tuples_mined": float(stats.tuples_mined - tuples),
+                  "train/data_wait_share": (stats.data_wait_seconds - wait) / seconds,
+                  "train/images_per_second": (stats.images - images) / seconds}  # fmt: skip
+        for n, group in enumerate(self.state.optimizer.param_groups):
+            values[f"train/lr_group{n}"] = float(group["lr"])
+        if len(stats.validation) == len(stats.epoch_loss):  # validated this epoch
+            values[f"validation/{self.protocol.evaluation.select_by}"] = stats.validation[-1]
+        return values
 
     def explain(self, exc: Exception) -> None:
         """A non-finite loss not yet read back may be what made a later step fail: say so."""
@@ -203,11 +223,13 @@ def total_steps(protocol: Protocol, per_epoch: int, max_steps: int | None) -> in
 @dataclass(frozen=True)
 class EpochHooks:
     """What a caller hears at each epoch end: the validation score (tuning's pruner reads
-    it, and may stop the trial by raising) and the number of the epoch just finished (a Ray
-    worker reports it to the driver)."""
+    it, and may stop the trial by raising), the number of the epoch just finished (a Ray
+    worker reports it to the driver) and, for a tracker, the global step with the epoch's
+    numbers (`_Session.epoch_values`)."""
 
     on_validation: Callable[[float], None] | None = None
     on_epoch_end: Callable[[int], None] | None = None
+    on_epoch_stats: Callable[[int, dict[str, float]], None] | None = None
 
 
 NO_HOOKS = EpochHooks()
@@ -227,6 +249,8 @@ def _end_epoch(
         if hooks.on_validation is not None:
             hooks.on_validation(session.state.stats.validation[-1])
     session.log_epoch(step, seconds)
+    if hooks.on_epoch_stats is not None:  # before the checkpoint: a resume redoes, not skips
+        hooks.on_epoch_stats(step + 1, session.epoch_values(seconds))
     last = step >= session.total - 1  # the last one is never resumed; rank 0 writes for all
     if checkpoint is not None and not last and session.step.dist.is_main:
         session.state.save(checkpoint)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.records import NO_TRACKING, TrackerConfig
+
 
 @dataclass(frozen=True)
 class TuneOptions:
@@ -16,7 +18,8 @@ class TuneOptions:
     device: where the data and the trials run; max_steps: a cap on each trial's steps (a
     smoke study, kept apart from the full one); progress: Optuna's bar; engine: "local"
     (trials one after another here) or "ray" (trials as Ray tasks, on a cluster at
-    `address`, each with cpus_per_trial CPUs and gpus_per_trial GPUs)."""
+    `address`, each with cpus_per_trial CPUs and gpus_per_trial GPUs); tracking: the tracker
+    of the study (one tracker run) and its trials (its child runs)."""
 
     folds: int = 1
     storage: str | None = None
@@ -30,3 +33,4 @@ class TuneOptions:
     address: str | None = None
     cpus_per_trial: int = 1
     gpus_per_trial: float = 0.0
+    tracking: TrackerConfig = NO_TRACKING

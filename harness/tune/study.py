@@ -21,8 +21,11 @@ is never embedded.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ from harness.core import (
     protocol_hyperparameters,
 )
 from harness.data import check_data_root
+from harness.records import Tracker, child_config, open_tracker
 from harness.sweep import check_protocol, import_ray, tuning_dir
 from harness.tune.options import TuneOptions
 from harness.tune.overlay import write_overlay
@@ -64,8 +68,6 @@ def tune_method(
 ) -> Path:
     """Run (or resume) one method's study to `trials` finished trials (here, or as Ray tasks
     with options.engine "ray"); write its overlay and figure, and return the overlay's path."""
-    import optuna
-
     needs_validation(protocol)
     spec = METHODS.get(method)
     base = protocol_hyperparameters(protocol, method)
@@ -76,18 +78,63 @@ def tune_method(
         study.enqueue_trial({k: base[k] for k in spec.search})
     trainer = Trainer(protocol, method, options.folds, options.data_root, options.device,
                       options.max_steps)  # fmt: skip
-    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    done = len(study.get_trials(deepcopy=False, states=finished))
+    done = _finished(study)
     if done < trials:
         log.info("%s: %d of %d trials done; running %d", method, done, trials, trials - done)
-    if options.engine == "ray" and done < trials:
+        with study_tracker(protocol, spec, study, options) as tracker:
+            tracking = child_config(options.tracking, tracker)
+            _optimize(study, dataclasses.replace(trainer, tracking=tracking), base, spec, trials,
+                      options)  # fmt: skip
+    return write_overlay(study, protocol, spec, base, options)
+
+
+FINISHED = ("COMPLETE", "PRUNED")  # the trial states a study counts to its N
+
+
+def _optimize(study: Any, trainer: Trainer, base: dict[str, Any], spec: MethodSpec,
+              trials: int, options: TuneOptions) -> None:  # fmt: skip
+    """Run the study to `trials` finished trials, here or as Ray tasks."""
+    import optuna
+
+    finished = tuple(optuna.trial.TrialState[state] for state in FINISHED)
+    if options.engine == "ray":
         optimize_on_ray(study, trainer, lambda trial: suggest(trial, base, spec.search), trials,
                         options)  # fmt: skip
-    elif done < trials:
-        study.optimize(objective(trainer, base, spec.search), n_trials=trials - done, catch=(),
-                       show_progress_bar=options.progress,
-                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
-    return write_overlay(study, protocol, spec, base, options)
+        return
+    study.optimize(objective(trainer, base, spec.search), n_trials=trials - _finished(study),
+                   catch=(),
+                   show_progress_bar=options.progress,
+                   callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])  # fmt: skip
+
+
+def _finished(study: Any) -> int:
+    """The study's finished (complete or pruned) trials."""
+    return sum(trial.state.name in FINISHED for trial in study.get_trials(deepcopy=False))
+
+
+@contextmanager
+def study_tracker(
+    protocol: Protocol, spec: MethodSpec, study: Any, options: TuneOptions
+) -> Iterator[Tracker]:
+    """The study's tracker run (its trials are child runs), named by the study, so that a
+    resumed study goes on in it; each trial's objective logged at its number at the end."""
+    tracker = open_tracker(options.tracking)
+    key = hashlib.sha256(study.study_name.encode()).hexdigest()[:10]
+    tracker.start(f"tune/{protocol.name}/{spec.name}", key, {
+        "protocol": protocol.name, "protocol_version": protocol.version,
+        "protocol_hash": protocol.hash, "method": spec.name, "folds": options.folds,
+        "device": options.device, "precision": protocol.precision,
+        "max_steps": options.max_steps, "search": sorted(spec.search),
+    })  # fmt: skip
+    status = "KILLED"
+    try:
+        yield tracker
+        for trial in study.get_trials(deepcopy=False):
+            if trial.state.name in FINISHED and trial.value is not None:
+                tracker.log_epoch(trial.number, {"tune/objective": trial.value})
+        status = "FINISHED"
+    finally:
+        tracker.close(status)
 
 
 def open_study(protocol: Protocol, spec: MethodSpec, options: TuneOptions) -> Any:

@@ -5,7 +5,9 @@ fold's validation classes (never the test split), reporting every epoch for prun
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ import numpy as np
 from harness.core import HarnessError, Protocol, RunContext, TrainingFailed, resolve_device
 from harness.data import Split, prepare_data
 from harness.evaluate import selection_score
+from harness.records import NO_TRACKING, Tracker, TrackerConfig, open_tracker
 from harness.train import EpochHooks, train_model
 
 # a trial stops when its validation from epoch 4 on is below the median of the trials before
@@ -54,6 +57,17 @@ class Trainer:
     data_root: str | None
     device: str
     max_steps: int | None = None
+    tracking: TrackerConfig = NO_TRACKING  # the study's: each trial a child run of it
+    # a trial's tracker hears each epoch's numbers (set by run_trial, where the trial runs)
+    epoch_stats: Callable[[int, dict[str, float]], None] | None = None
+
+    def fold_stats(self, fold: int) -> Callable[[int, dict[str, float]], None] | None:
+        """The tracker's epoch hook for one fold (its numbers under fold<k>/ with folds)."""
+        if self.epoch_stats is None:
+            return None
+        hook = self.epoch_stats
+        prefix = f"fold{fold}/" if self.folds > 1 else ""
+        return lambda step, values: hook(step, {prefix + k: v for k, v in values.items()})
 
     def __call__(self, hyper: dict[str, Any], report: Callable[[int, float], None]) -> list[float]:
         ctx = RunContext(self.protocol, self.protocol.seeds[0], resolve_device(self.device),
@@ -70,7 +84,8 @@ class Trainer:
                 report(fold * 10_000 + len(values), value)
 
             model, stats = train_model(ctx, self.method, hyper, data, train_idx, val_idx,
-                                       hooks=EpochHooks(on_validation=on_validation))  # fmt: skip
+                                       hooks=EpochHooks(on_validation=on_validation,
+                                                        on_epoch_stats=self.fold_stats(fold)))  # fmt: skip
             scores.append(
                 max(stats.validation) if stats.validation else selection_score(
                     ctx, model.backbone, model.method, data.images[val_idx], data.labels[val_idx])
@@ -93,13 +108,39 @@ def run_trial(trainer: Trainer, trial: Any, hyper: dict[str, Any]) -> float:
         if trial.should_prune():
             raise optuna.TrialPruned()
 
+    with trial_tracker(trainer, trial, hyper) as tracker:
+        try:
+            scores = dataclasses.replace(trainer, epoch_stats=tracker.log_epoch)(hyper, report)
+        except TrainingFailed as exc:
+            trial.set_user_attr("failure", str(exc))
+            tracker.log_final(0, {"objective": 0.0}, [])
+            return 0.0
+        trial.set_user_attr("fold_scores", scores)
+        value = float(np.mean(scores))
+        tracker.log_final(0, {"objective": value, **{f"fold{k}/score": v for k, v in
+                                                      enumerate(scores)}}, [])  # fmt: skip
+        return value
+
+
+@contextmanager
+def trial_tracker(trainer: Trainer, trial: Any, hyper: dict[str, Any]) -> Iterator[Tracker]:
+    """The trial's tracker run, a child of the study's (null when the study is untracked);
+    closed FINISHED when the trial ends (complete, failed or pruned), else KILLED."""
+    import optuna
+
+    tracker = open_tracker(trainer.tracking)
+    key = hashlib.sha256(f"{trainer.tracking.parent}/{trial.number}".encode()).hexdigest()[:10]
+    tracker.start(f"trial{trial.number}", key, {"trial": trial.number, "method": trainer.method,
+                  **{f"hp.{k}": v for k, v in hyper.items()}})  # fmt: skip
+    status = "KILLED"
     try:
-        scores = trainer(hyper, report)
-    except TrainingFailed as exc:
-        trial.set_user_attr("failure", str(exc))
-        return 0.0
-    trial.set_user_attr("fold_scores", scores)
-    return float(np.mean(scores))
+        yield tracker
+        status = "FINISHED"
+    except optuna.TrialPruned:
+        status = "FINISHED"
+        raise
+    finally:
+        tracker.close(status)
 
 
 def objective(trainer: Trainer, base: dict[str, Any], search: dict[str, Any]) -> Callable:
