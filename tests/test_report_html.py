@@ -314,7 +314,8 @@ def _click(driver, table_id: str, header: str) -> None:
 
     for th in driver.find_element(By.ID, table_id).find_elements(By.CSS_SELECTOR, "thead th"):
         if th.text.rstrip(" ▲▼") == header:
-            th.click()
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", th)
+            th.click()  # a real click, where the header is on screen
             return
     raise AssertionError(f"no column {header}")
 
