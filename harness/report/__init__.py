@@ -1,5 +1,6 @@
-"""Reporting: results -> the leaderboard (regenerated from results, never edited), the HTML report, verdicts
-(intervals and significance), figures, the cost tables, and CI's regression check."""
+"""Reporting: results -> the leaderboard (regenerated from results, never edited), the static
+HTML report, verdicts (intervals and significance), figures, the cost tables, and CI's
+regression check."""
 
 from harness.report.cost_tables import (
     cost_rows,
