@@ -182,6 +182,29 @@ def test_a_retrieval_grid_that_cannot_be_drawn_is_a_line_on_the_page(tmp_path, m
     assert expected in page and "retrieval_seed2.png" not in page
 
 
+def test_a_paper_protocol_gets_its_paper_vs_reproduction_section(tmp_path):
+    """Runs whose protocol names a paper (as hdc_cars196 does): the leaderboard's comparison
+    with the published values, in a section the contents link to."""
+    import json
+
+    load_methods()
+    results = _results(tmp_path / "results", methods=("hdc_contrastive",), cost=False)
+    for path in (results / "runs" / "default" / "hdc_contrastive").glob("seed*.json"):
+        record = json.loads(path.read_text())
+        record["protocol"]["content"]["paper"] = {
+            "reference": "hdc_iccv2017", "dataset": "cars196", "differences": "glyphs, not cars"
+        }  # fmt: skip
+        path.write_text(json.dumps(record))
+    index = write_report(results)
+    text = index.read_text(encoding="utf-8")
+    section = next(name for name in _ids(index) if name.startswith("paper-protocol-default"))
+    assert f'href="#{section}"' in text
+    part = text.split(f'id="{section}"', 1)[1].split("</section>", 1)[0]
+    assert "Paper vs reproduction" in part and "glyphs, not cars" in part
+    table = next(t for t in _tables(index).values() if t[0][:2] == ["method", "metric"])
+    assert table[1][:2] == ["hdc_contrastive", "recall@1"] and "73.7" in table[1]
+
+
 def test_the_same_results_give_the_same_report(small, tmp_path):
     results, index, _ = small
     with pytest.MonkeyPatch.context() as mp:
