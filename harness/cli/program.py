@@ -1,4 +1,5 @@
-"""Command line: run, ls, evaluate, show, leaderboard, validate, cost, check, data, compare, tune.
+"""Command line: run, ls, evaluate, show, leaderboard, report, validate, cost, check, data, compare,
+tune.
 
 User errors print one line `error: ...` on stderr and exit with status 2; Ctrl-C stops with a
 line saying how to resume (finished runs are kept and skipped on the next run). Each command's
@@ -14,12 +15,12 @@ import os
 import sys
 
 from harness import __version__
-from harness.cli import check, compare, cost, info, run, show, tune
+from harness.cli import check, compare, cost, info, report, run, show, tune
 from harness.cli.parsing import SubcommandParser, add_global_options, top_parser
 from harness.core import HarnessError, plugins_loaded
 
 # in the order `--help` lists them
-COMMAND_MODULES = (run, info, show, cost, check, compare, tune)
+COMMAND_MODULES = (run, info, show, report, cost, check, compare, tune)
 
 
 def build_parser() -> argparse.ArgumentParser:

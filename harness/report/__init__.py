@@ -1,5 +1,6 @@
-"""Reporting: results -> the leaderboard (regenerated from results, never edited), verdicts
-(intervals and significance), figures, the cost tables, and CI's regression check."""
+"""Reporting: results -> the leaderboard (regenerated from results, never edited), the static
+HTML report, verdicts (intervals and significance), figures, the cost tables, and CI's
+regression check."""
 
 from harness.report.cost_tables import (
     cost_rows,
@@ -10,6 +11,7 @@ from harness.report.cost_tables import (
     overhead_line,
 )
 from harness.report.figures import by_family, cost_figure, distance_histograms, training_curve
+from harness.report.html import write_report
 from harness.report.leaderboard import render, write_leaderboard
 from harness.report.reference import reference_section
 from harness.report.regression import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
@@ -41,4 +43,5 @@ __all__ = [
     "training_curve",
     "update_baselines",
     "write_leaderboard",
+    "write_report",
 ]

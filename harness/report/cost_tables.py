@@ -102,11 +102,14 @@ def overhead_line(record: dict[str, Any]) -> str:
     return text
 
 
-def cost_section(results_dir: Path) -> str:
+def cost_section(
+    results_dir: Path, figure_dir: Path | None = None, figure_link: str = "figures"
+) -> str:
     """Markdown for the leaderboard: one "Cost" table per results/cost/<protocol>.json, with
     the harness-overhead line and a link to the figure (relative to results_dir, where
     LEADERBOARD.md lives), whose figure is redrawn from the record. Empty string when
-    nothing was measured."""
+    nothing was measured. The HTML report draws the figures into its own `figure_dir` and
+    links them as `figure_link/cost_<protocol>.png`."""
 
     results_dir = Path(results_dir)
     paths = sorted((results_dir / "cost").glob("*.json"))
@@ -118,7 +121,8 @@ def cost_section(results_dir: Path) -> str:
     for path in paths:
         record = read_cost(path)
         p, s = record["protocol"], record["settings"]
-        cost_figure(record, figure_path(results_dir, p["name"]))
+        drawn = figure_path(results_dir, p["name"])
+        cost_figure(record, Path(figure_dir) / drawn.name if figure_dir else drawn)
         env = record.get("environment", {})
         hw = env.get("hardware", {})
         lines += [
@@ -145,7 +149,7 @@ def cost_section(results_dir: Path) -> str:
             )
             + f"; {describe(env.get('fingerprint'))}.",
             "",
-            f"![cost of mining against batch size](figures/cost_{p['name']}.png)",
+            f"![cost of mining against batch size]({figure_link}/cost_{p['name']}.png)",
         ]
         devices = devices_path(results_dir, p["name"])
         if devices.is_file():

@@ -101,10 +101,22 @@ def _table(
     runs: list[RunResult], ranked: bool = True, parts: bool = False,
     names: dict[int, str] | None = None,
 ) -> str:  # fmt: skip
+    """leaderboard_frame as a GitHub markdown table."""
+    table = leaderboard_frame(runs, ranked, parts, names)
+    return tabulate(
+        table, headers="keys", tablefmt="github", showindex=False, disable_numparse=True
+    )
+
+
+def leaderboard_frame(
+    runs: list[RunResult], ranked: bool = True, parts: bool = False,
+    names: dict[int, str] | None = None,
+) -> pd.DataFrame:  # fmt: skip
     """One row per method (mean +- std over its seeds), best first unless not `ranked`; a row
     with unfinished seeds is marked and ranked below every complete row. With `parts`, one
     row per method and part of a composite embedding, named `method / part`. `names`: each
-    run's row name (row_names; default: over `runs`)."""
+    run's row name (row_names; default: over `runs`). Cells are the leaderboard's strings
+    (the markdown table and the HTML report show this frame)."""
     rows, by_name = [], {}
     names = names or row_names(runs)
     for r in runs:
@@ -137,9 +149,7 @@ def _table(
     table = table[first + [c for c in table.columns if c not in first]]
     if not (table["notes"] != "").any():
         table = table.drop(columns="notes")
-    return tabulate(
-        table, headers="keys", tablefmt="github", showindex=False, disable_numparse=True
-    )
+    return table
 
 
 def _finite(value: float) -> float:

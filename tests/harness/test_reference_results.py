@@ -37,8 +37,8 @@ def git(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 
 
 def written_by_user_commands(results: Path) -> list[Path]:
-    """Paths `run`, `leaderboard`, `cost` and `tune` write under the default results folder
-    (from the functions that name them where they are public)."""
+    """Paths `run`, `leaderboard`, `report`, `cost` and `tune` write under the default results
+    folder (from the functions that name them where they are public)."""
     return [
         result_path(results, "default", "contrastive", 0),
         result_path(results, "default", "contrastive+tuned", 1),
@@ -51,6 +51,8 @@ def written_by_user_commands(results: Path) -> list[Path]:
         results / "archive" / "default" / "contrastive" / "seed0-20260101T000000000000.json",
         results / "archive" / "cost" / "default-20260101T000000000000.json",
         results / "LEADERBOARD.md",
+        results / "report" / "index.html",
+        results / "report" / "assets" / "default" / "training.png",
         results / "figures" / "training_default.png",
         results / "cost" / "default.json",
         results / "cost" / "devices" / "default.json",
