@@ -1,5 +1,4 @@
-"""Command line: run, ls, evaluate, show, leaderboard, report, validate, cost, check, data, compare,
-tune.
+"""Command line: run, tune, cost, check, compare, ls, evaluate, show, leaderboard, report, data.
 
 User errors print one line `error: ...` on stderr and exit with status 2; Ctrl-C stops with a
 line saying how to resume (finished runs are kept and skipped on the next run). Each command's
