@@ -44,7 +44,8 @@ def _results(root: Path, methods=METHODS, cost: bool = True) -> Path:
 
 
 def _fake_retrieval(calls: list) -> types.ModuleType:
-    """A stand-in for harness.report.retrieval (written elsewhere): draws a small PNG."""
+    """A stand-in for harness.report.retrieval: a small PNG for a folder with no real
+    embeddings in it (the real drawer: test_a_saved_run_shows_its_real_retrieval_grid)."""
     module = types.ModuleType("harness.report.retrieval")
 
     def draw_retrieval_grid(folder: Path, out_png: Path, **options) -> Path:
@@ -160,26 +161,46 @@ def test_each_method_has_a_page_with_its_figures_and_provenance(small):
     assert 'src="assets/cost_default.png"' in cost and "mining ms" in cost
 
 
-@pytest.mark.parametrize("problem", ["missing", "raises"])
-def test_a_retrieval_grid_that_cannot_be_drawn_is_a_line_on_the_page(tmp_path, monkeypatch,
-                                                                     problem):  # fmt: skip
+def test_a_retrieval_grid_that_cannot_be_drawn_is_a_line_on_the_page(tmp_path, monkeypatch):
     load_methods()
     results = _results(tmp_path / "results", methods=("triplet",), cost=False)
     (results / "runs" / "default" / "triplet" / "seed2.embeddings").mkdir()
-    if problem == "missing":  # not merged yet: the import fails
-        monkeypatch.setitem(sys.modules, "harness.report.retrieval", None)
-    else:
-        module = types.ModuleType("harness.report.retrieval")
+    module = types.ModuleType("harness.report.retrieval")
 
-        def draw_retrieval_grid(folder, out_png, **options):
-            raise HarnessError("the images are not under --data-root")
+    def draw_retrieval_grid(folder, out_png, **options):
+        raise HarnessError("the images are not under --data-root")
 
-        module.draw_retrieval_grid = draw_retrieval_grid
-        monkeypatch.setitem(sys.modules, "harness.report.retrieval", module)
+    module.draw_retrieval_grid = draw_retrieval_grid
+    monkeypatch.setitem(sys.modules, "harness.report.retrieval", module)
     page = (write_report(results).parent / "default" / "triplet.html").read_text()
-    drawn = "seed 2: no retrieval grid (the images are not under --data-root)"
-    expected = "retrieval grid unavailable" if problem == "missing" else drawn
-    assert expected in page and "retrieval_seed2.png" not in page
+    assert "seed 2: no retrieval grid (the images are not under --data-root)" in page
+    assert "retrieval_seed2.png" not in page
+    assert NO_EMBEDDINGS not in page  # the folder is there: the line says why it failed
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[Path, Path]:
+    """(results folder, its report's index.html) of one real smoke run saved with
+    `--save-embeddings`, its grid drawn by the real harness.report.retrieval."""
+    results = tmp_path_factory.mktemp("saved") / "results"
+    assert main(["-q", "run", "--protocol", "smoke", "--method", "contrastive", "--max-steps",
+                 "2", "--device", "cpu", "--workers", "0", "--save-embeddings",
+                 "--results-dir", str(results)]) == 0  # fmt: skip
+    return results, write_report(results)
+
+
+def test_a_saved_run_shows_its_real_retrieval_grid(saved):
+    from matplotlib.image import imread
+
+    from harness.report.retrieval import DPI, grid_size
+
+    _, index = saved
+    page = (index.parent / "smoke" / "contrastive.html").read_text(encoding="utf-8")
+    assert '<img src="../assets/smoke/contrastive_retrieval_seed0.png"' in page
+    assert NO_EMBEDDINGS not in page and "no retrieval grid" not in page
+    grid = imread(index.parent / "assets" / "smoke" / "contrastive_retrieval_seed0.png")
+    width, height = grid_size(12, 8)  # show's defaults: 4 worst, 4 best, 4 random; top 8
+    assert abs(grid.shape[1] - width * DPI) <= 1 and abs(grid.shape[0] - height * DPI) <= 1
 
 
 def test_a_paper_protocol_gets_its_paper_vs_reproduction_section(tmp_path):
@@ -386,6 +407,13 @@ def test_every_page_works_in_a_browser(small, browser, tmp_path):
     _check_sorting(browser, index)
     _open(browser, index.parent / "default" / f"{SAVED}.html")
     _screenshot(browser, tmp_path / f"{SAVED}.png")
+
+
+def test_a_real_retrieval_grid_loads_in_a_browser(saved, browser, tmp_path):
+    _, index = saved
+    page = index.parent / "smoke" / "contrastive.html"
+    _open(browser, page)
+    _screenshot(browser, tmp_path / "retrieval-page.png")
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from harness.report.retrieval import (
     CORRECT_COLOUR,
     DPI,
     WRONG_COLOUR,
+    RowChoice,
     cell_rect,
     grid_size,
     select_rows,
@@ -37,8 +38,8 @@ def test_rows_are_the_worst_the_best_then_random_ones():
     gallery_labels = np.array([0, 1, 2, 3])
     neighbours = np.array([[0, 1, 2], [1, 0, 2], [3, 2, 1], [0, 1, 3],
                            [3, 0, 1], [1, 0, 2], [2, 2, 0]])  # fmt: skip
-    rows = select_rows(ap, neighbours, query_labels, gallery_labels, k=2, worst=2, best=1,
-                       random=10, seed=0)  # fmt: skip
+    rows = select_rows(ap, neighbours, query_labels, gallery_labels,
+                       RowChoice(k=2, worst=2, best=1, random=10, seed=0))  # fmt: skip
     # the tie at 0.1 goes to the lower index; 4 (NaN: alone in its class) is never chosen
     assert [(r.query, r.kind) for r in rows] == [
         (1, "worst"), (3, "worst"), (2, "best"), (0, "random"), (5, "random"), (6, "random")]  # fmt: skip
@@ -46,10 +47,9 @@ def test_rows_are_the_worst_the_best_then_random_ones():
     assert rows[1].correct == (False, True) and rows[2].correct == (False, True)
     assert rows[2].average_precision == 0.9
     # reproducible: the same seed draws the same random rows, another seed may not
-    again = select_rows(ap, neighbours, query_labels, gallery_labels, k=2, worst=0, best=0,
-                        random=2, seed=3)  # fmt: skip
-    assert again == select_rows(ap, neighbours, query_labels, gallery_labels, k=2, worst=0,
-                                best=0, random=2, seed=3)  # fmt: skip
+    three = RowChoice(k=2, worst=0, best=0, random=2, seed=3)
+    again = select_rows(ap, neighbours, query_labels, gallery_labels, three)
+    assert again == select_rows(ap, neighbours, query_labels, gallery_labels, three)
     assert len(again) == 2 and all(r.kind == "random" for r in again)
 
 
@@ -130,7 +130,7 @@ def test_show_draws_the_grid_with_green_and_red_frames(runs: Path, tmp_path: Pat
     assert abs(image.shape[1] - width * DPI) <= 1 and abs(image.shape[0] - height * DPI) <= 1
     saved = _load(result.with_suffix(".embeddings"))
     rows = select_rows(saved["average_precision"], saved["neighbours"], saved["labels"],
-                       saved["labels"], k=5, worst=1, best=1, random=1, seed=0)  # fmt: skip
+                       saved["labels"], RowChoice(k=5, worst=1, best=1, random=1, seed=0))  # fmt: skip
     cells = [(r, c + 1, ok) for r, row in enumerate(rows) for c, ok in enumerate(row.correct)]
     for wanted, colour in ((True, CORRECT_COLOUR), (False, WRONG_COLOUR)):
         r, c, _ = next(cell for cell in cells if cell[2] is wanted)

@@ -118,6 +118,9 @@ def cmd_run(args: argparse.Namespace) -> int:
               "same command again to resume", file=sys.stderr)  # fmt: skip
         return 143 if isinstance(exc, Terminated) else 130  # 128 + SIGTERM, 128 + SIGINT
     if here.active:
+        # leave together: a rank that tore its group down while rank 0 still evaluated and
+        # wrote was seen to abort ("terminate called without an active exception") under load
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
         if not here.is_main:  # rank 0 reports and writes the leaderboard
             return _sweep_status(counts)

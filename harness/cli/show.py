@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.argtypes import nonnegative_int, positive_int
-from harness.report.retrieval import default_out, draw_retrieval_grid, folder_of
+from harness.report.retrieval import RowChoice, default_out, draw_retrieval_grid, folder_of
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +36,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     """Draw the grid and print its path."""
     folder = folder_of(args.path)
     out = args.out if args.out is not None else default_out(folder)
-    png = draw_retrieval_grid(folder, out, k=args.k, worst=args.worst, best=args.best,
-                              random=args.random, seed=args.seed,
-                              data_root=args.data_root)  # fmt: skip
+    choice = RowChoice(k=args.k, worst=args.worst, best=args.best, random=args.random,
+                       seed=args.seed)  # fmt: skip
+    png = draw_retrieval_grid(folder, out, choice, data_root=args.data_root)
     print(png)
     return 0

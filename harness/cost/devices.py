@@ -162,6 +162,7 @@ def _rank(argv: list[str]) -> None:
                "images_per_second_per_rank": round(ips / here.world_size, 2),
                "step_ms": measured["step_ms"], "mining_loss_share": measured["mining_loss_share"]}  # fmt: skip
         Path(args.out).write_text(json.dumps(row))
+    torch.distributed.barrier()  # leave together (see harness.cli.run)
     torch.distributed.destroy_process_group()
 
 

@@ -15,11 +15,12 @@ from harness.report.html import write_report
 from harness.report.leaderboard import render, write_leaderboard
 from harness.report.reference import reference_section
 from harness.report.regression import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
-from harness.report.retrieval import RetrievalRow, draw_retrieval_grid, select_rows
+from harness.report.retrieval import RetrievalRow, RowChoice, draw_retrieval_grid, select_rows
 from harness.report.verdicts import against_best, describe, per_seed, row_names
 
 __all__ = [
     "RetrievalRow",
+    "RowChoice",
     "draw_retrieval_grid",
     "select_rows",
     "BASELINE_DIR",

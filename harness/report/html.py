@@ -38,91 +38,16 @@ from harness.report.leaderboard import (
     render,
     tuning_section,
 )
+from harness.report.markup import GENERATOR, html_page, inline, markdown_html, table_html
 from harness.report.reference import reference_section
 from harness.report.verdicts import row_names
 
 log = logging.getLogger("harness")
 
 ASSETS = "assets"
-GENERATOR = "dml-harness report"  # the meta tag that marks a folder as a report we wrote
 PALETTE_COLOURS = 96  # plots have few colours: a palette PNG is a quarter of the RGBA one
 
 NO_EMBEDDINGS = "no saved embeddings: rerun with --save-embeddings to see what it retrieves"
-
-CSS = """
-body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px;
-       padding: 0 1em; color: #1d1d1d; line-height: 1.45; }
-nav.top { margin-bottom: 1em; font-size: 0.95em; }
-nav.top a { margin-right: 1.2em; }
-table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.88em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left;
-         vertical-align: top; }
-th { background: #f0f0f0; }
-table.sortable th { cursor: pointer; user-select: none; }
-table.sortable th[aria-sort="ascending"]::after { content: " \\25B2"; }
-table.sortable th[aria-sort="descending"]::after { content: " \\25BC"; }
-tbody tr:nth-child(even) { background: #fafafa; }
-td.wrap { max-width: 40em; word-break: break-word; }
-div.scroll { overflow-x: auto; }
-table.sortable td { white-space: nowrap; }
-img { max-width: 100%; height: auto; border: 1px solid #eee; }
-code { background: #f4f4f4; padding: 0 0.2em; }
-p.note { color: #6b4a00; }
-"""
-
-# Click a header: sort the rows by that column, ascending, then descending on a second
-# click. A column whose every filled cell starts with a number sorts by that number (`54.1 ±
-# 1.9` by 54.1, `± 0.8` by 0.8, `2/3 (incomplete)` by 2); others sort as text. Cells with
-# no value (`-`, empty) stay last either way; ties keep their order.
-SORT_JS = """
-(function () {
-  var NUMBER = /^[\\s\\u00b1]*([+\\-\\u2212]?\\d+(?:\\.\\d+)?(?:e[+\\-]?\\d+)?)/i;
-  function text(cell) { return cell ? cell.textContent.trim() : ""; }
-  function missing(t) { return t === "" || t === "-"; }
-  function number(t) {
-    var m = NUMBER.exec(t);
-    return m ? parseFloat(m[1].replace("\\u2212", "-")) : null;
-  }
-  function sortBy(table, column, header) {
-    var body = table.tBodies[0];
-    var rows = Array.prototype.slice.call(body.rows);
-    var ascending = header.getAttribute("aria-sort") !== "ascending";
-    var headers = table.tHead.rows[0].cells;
-    for (var h = 0; h < headers.length; h++) { headers[h].removeAttribute("aria-sort"); }
-    header.setAttribute("aria-sort", ascending ? "ascending" : "descending");
-    var items = rows.map(function (row, i) {
-      var t = text(row.cells[column]);
-      return {row: row, index: i, text: t, number: number(t), missing: missing(t)};
-    });
-    var numeric = items.some(function (it) { return !it.missing; }) &&
-      items.every(function (it) { return it.missing || it.number !== null; });
-    var sign = ascending ? 1 : -1;
-    items.sort(function (a, b) {
-      if (a.missing !== b.missing) { return a.missing ? 1 : -1; }
-      if (a.missing) { return a.index - b.index; }
-      var c = numeric ? a.number - b.number
-                      : a.text.localeCompare(b.text, undefined, {numeric: true});
-      return c !== 0 ? sign * c : a.index - b.index;
-    });
-    items.forEach(function (it) { body.appendChild(it.row); });
-  }
-  var tables = document.querySelectorAll("table.sortable");
-  Array.prototype.forEach.call(tables, function (table) {
-    var headers = table.tHead.rows[0].cells;
-    Array.prototype.forEach.call(headers, function (header, column) {
-      header.tabIndex = 0;
-      header.title = "click to sort (again: the other way)";
-      header.addEventListener("click", function () { sortBy(table, column, header); });
-      header.addEventListener("keydown", function (e) {
-        if (e.key === "Enter" || e.key === " ") {
-          e.preventDefault();
-          sortBy(table, column, header);
-        }
-      });
-    });
-  });
-})();
-"""
 
 
 @dataclass
@@ -172,149 +97,7 @@ def _quantise(png: Path) -> Path:
     return png
 
 
-# ----------------------------------------------------------------------------- markdown
-
-
-def _inline(text: str, link: Callable[[str], str | None]) -> str:
-    """The markdown the leaderboard writes inside a line: `code`, **bold**, [text](href) and
-    ![alt](src); everything else escaped. `link` maps an href (None: text only)."""
-    parts = text.split("`")
-    out = []
-    for i, part in enumerate(parts):
-        if i % 2 and i < len(parts) - 1:
-            out.append(f"<code>{html.escape(part)}</code>")
-            continue
-        if i % 2:  # an unmatched backtick
-            part = "`" + part
-        part = html.escape(part, quote=False)
-
-        def image(m: re.Match[str]) -> str:
-            src = link(html.unescape(m[2]))
-            if src is None:
-                return m[1]
-            return f'<img src="{html.escape(src)}" alt="{m[1]}">'
-
-        def anchor(m: re.Match[str]) -> str:
-            href = link(html.unescape(m[2]))
-            return m[1] if href is None else f'<a href="{html.escape(href)}">{m[1]}</a>'
-
-        part = re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", image, part)
-        part = re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)", anchor, part)
-        part = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", part)
-        out.append(part)
-    return "".join(out)
-
-
-def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
-
-
-def _table_html(
-    header: list[str], rows: list[list[str]], sortable: bool = True,
-    cell_html: Callable[[str, str], str | None] | None = None,
-    link: Callable[[str], str | None] = lambda h: h, table_id: str | None = None,
-) -> str:  # fmt: skip
-    """An HTML table; `cell_html(column, text)` may replace a cell's content (a link)."""
-    attrs = ' class="sortable"' if sortable else ""
-    attrs += f' id="{table_id}"' if table_id else ""
-    head = "".join(f"<th>{_inline(h, link)}</th>" for h in header)
-    body = []
-    for row in rows:
-        cells = []
-        for column, text in zip(header, row, strict=False):
-            content = cell_html(column, text) if cell_html else None
-            cells.append(f"<td>{content if content is not None else _inline(text, link)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="scroll"><table{attrs}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
-            + "\n".join(body) + "\n</tbody>\n</table></div>")  # fmt: skip
-
-
-def markdown_html(
-    text: str,
-    link: Callable[[str], str | None] = lambda h: h,
-    table_hook: Callable[[int, list[str], list[list[str]]], str | None] | None = None,
-    heading_ids: set[str] | None = None,
-) -> str:
-    """The markdown the leaderboard writes (headings, paragraphs, `- ` lists, GitHub tables)
-    as HTML. `table_hook(index, header, rows)` may render a table itself; every other table
-    is sortable. `heading_ids`: the ids the page has used, so that headings get unique ones."""
-    used = heading_ids if heading_ids is not None else set()
-    out: list[str] = []
-    paragraph: list[str] = []
-    items: list[str] = []
-    lines = text.splitlines()
-    tables = 0
-
-    def flush() -> None:
-        if paragraph:
-            out.append(f"<p>{_inline(' '.join(paragraph), link)}</p>")
-            paragraph.clear()
-        if items:
-            out.append("<ul>" + "".join(f"<li>{_inline(i, link)}</li>" for i in items) + "</ul>")
-            items.clear()
-
-    i = 0
-    while i < len(lines):
-        line = lines[i].rstrip()
-        if not line.strip():
-            flush()
-        elif line.startswith("#"):
-            flush()
-            level = len(line) - len(line.lstrip("#"))
-            title = line[level:].strip()
-            out.append(
-                f'<h{level} id="{_unique_id(title, used)}">{_inline(title, link)}</h{level}>'
-            )
-        elif line.startswith("|"):
-            flush()
-            block = []
-            while i < len(lines) and lines[i].startswith("|"):
-                block.append(lines[i])
-                i += 1
-            header = _cells(block[0])
-            rows = [_cells(b) for b in block[1:] if not re.fullmatch(r"\|[\s:|-]+\|", b.strip())]
-            made = table_hook(tables, header, rows) if table_hook else None
-            out.append(made if made is not None else _table_html(header, rows, link=link))
-            tables += 1
-            continue
-        elif line.startswith("- "):
-            if paragraph:
-                flush()
-            items.append(line[2:])
-        else:
-            if items:
-                flush()
-            paragraph.append(line.strip())
-        i += 1
-    flush()
-    return "\n".join(out)
-
-
-def _unique_id(title: str, used: set[str]) -> str:
-    base = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "section"
-    name, n = base, 1
-    while name in used:
-        n += 1
-        name = f"{base}-{n}"
-    used.add(name)
-    return name
-
-
 # ----------------------------------------------------------------------------- pages
-
-
-def _page(title: str, body: str, depth: int = 0) -> str:
-    up = "../" * depth
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f'<meta name="generator" content="{GENERATOR}">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-        f'<nav class="top"><a href="{up}index.html">Leaderboard</a>'
-        f'<a href="{up}cost.html">Cost</a></nav>\n'
-        f"{body}\n<script>{SORT_JS}</script>\n</body>\n</html>\n"
-    )
 
 
 def _group_id(key: tuple[str, int, str, Any]) -> str:
@@ -360,63 +143,15 @@ def _index(build: _Build, runs: list[_Run], pages: dict[int, str]) -> str:
     used: set[str] = set()
     rendered = render(results).split("\n")
     intro = rendered[2].split("do not edit by hand. ", 1)[-1]  # how to read the tables
-    contents, sections = [], []
-    for key, group in sorted(_groups(results).items(), key=str):
-        section = _group_id(key)
-        used.add(section)
-        paper_lines = paper_comparison(group)
-        # render(group) is the leaderboard's section for this group, headed like the whole
-        text = "\n".join(render(group).split("\n")[3:])
-        title = f"{key[0]} (protocol v{key[1]}, hash `{key[2]}`)"
-        paper_md = "\n".join(paper_lines)
-        if paper_md:
-            text = text.replace(paper_md, "", 1)
-        heading = text.strip().split("\n", 1)[0]
-        text = text.strip().split("\n", 1)[1]
-        names = row_names(group)
-        row_page = {}
-        for r in group:
-            row_page.setdefault(names[id(r)], pages[id(r)])
-        cell = _method_links(row_page)
-
-        def hook(index: int, header: list[str], rows: list[list[str]], cell: Any = cell,
-                 section: str = section) -> str | None:  # fmt: skip
-            if index == 0 and header[:2] == ["method", "seeds"]:  # the main table
-                return _table_html(header, rows, cell_html=cell, link=link,
-                                   table_id=f"table-{section}")  # fmt: skip
-            return None
-
-        body = [f'<section id="{section}">',
-                f"<h2>{_inline(heading.lstrip('#').strip(), link)}</h2>"]  # fmt: skip
-        item = f'<li><a href="#{section}">{_inline(title, link)}</a>'
-        if paper_md:
-            paper_id = f"paper-{section}"
-            used.add(paper_id)
-            body += [f'<section id="{paper_id}"><h3>Paper vs reproduction</h3>',
-                     markdown_html(paper_md, link, heading_ids=used), "</section>"]  # fmt: skip
-            item += f' (<a href="#{paper_id}">paper vs reproduction</a>)'
-        body += [markdown_html(text, link, hook, used), "</section>"]
-        contents.append(item + "</li>")
-        sections.append("\n".join(body))
-    extra = [
-        ("agreement", "Do the protocols agree on the ranking?", agreement_section(results)),
-        ("reference", "Against the committed reference",
-         reference_section(build.results_dir, results)),
-        ("tuning", "Tuning", tuning_section(build.results_dir)),
-    ]  # fmt: skip
-    for anchor, title, markdown in extra:
-        if not markdown.strip():
-            continue
-        used.add(anchor)
-        markdown = re.sub(r"^## .*\n", "", markdown.lstrip("\n"), count=1)
-        sections.append(f'<section id="{anchor}"><h2>{html.escape(title)}</h2>\n'
-                        f"{markdown_html(markdown, link, heading_ids=used)}</section>")  # fmt: skip
-        contents.append(f'<li><a href="#{anchor}">{html.escape(title)}</a></li>')
+    parts = [_protocol_section(key, group, pages, link, used)
+             for key, group in sorted(_groups(results).items(), key=str)]  # fmt: skip
+    parts += _extra_sections(build, results, link, used)
     figures = _protocol_figures(build, runs)
     if figures:
         used.add("figures")
-        sections.append(f'<section id="figures"><h2>Figures</h2>\n{figures}</section>')
-        contents.append('<li><a href="#figures">Figures</a></li>')
+        parts.append(('<li><a href="#figures">Figures</a></li>',
+                      f'<section id="figures"><h2>Figures</h2>\n{figures}</section>'))  # fmt: skip
+    contents = [item for item, _ in parts]
     contents.append('<li><a href="cost.html">Cost (mining cost and throughput)</a></li>')
     body = "\n".join([
         "<h1>Leaderboard</h1>",
@@ -424,10 +159,73 @@ def _index(build: _Build, runs: list[_Run], pages: dict[int, str]) -> str:
         "<code>runs/</code>, the same numbers as LEADERBOARD.md (<code>leaderboard</code>). "
         "Click a column header to sort by it (again: the other way); a method's name opens "
         "its page: training curves, distances, retrieval and provenance.</p>",
-        f"<p>{_inline(intro, link)}</p>",
-        "<h2>Contents</h2>", "<ul>", *contents, "</ul>", *sections,
+        f"<p>{inline(intro, link)}</p>",
+        "<h2>Contents</h2>", "<ul>", *contents, "</ul>", *[section for _, section in parts],
     ])  # fmt: skip
-    return _page("Leaderboard", body)
+    return html_page("Leaderboard", body)
+
+
+def _protocol_section(
+    key: tuple[str, int, str, Any], group: list[RunResult], pages: dict[int, str],
+    link: Callable[[str], str | None], used: set[str],
+) -> tuple[str, str]:  # fmt: skip
+    """One protocol's leaderboard section (the leaderboard's own markdown, its main table
+    sortable with each method linked to its page) and its line in the contents."""
+    section = _group_id(key)
+    used.add(section)
+    paper_md = "\n".join(paper_comparison(group))
+    # render(group) is the leaderboard's section for this group, headed like the whole
+    text = "\n".join(render(group).split("\n")[3:])
+    if paper_md:
+        text = text.replace(paper_md, "", 1)
+    heading, text = text.strip().split("\n", 1)
+    names = row_names(group)
+    row_page: dict[str, str] = {}
+    for r in group:
+        row_page.setdefault(names[id(r)], pages[id(r)])
+    cell = _method_links(row_page)
+
+    def hook(index: int, header: list[str], rows: list[list[str]]) -> str | None:
+        if index == 0 and header[:2] == ["method", "seeds"]:  # the main table
+            return table_html(header, rows, cell_html=cell, link=link,
+                              table_id=f"table-{section}")  # fmt: skip
+        return None
+
+    body = [f'<section id="{section}">',
+            f"<h2>{inline(heading.lstrip('#').strip(), link)}</h2>"]  # fmt: skip
+    title = f"{key[0]} (protocol v{key[1]}, hash `{key[2]}`)"
+    item = f'<li><a href="#{section}">{inline(title, link)}</a>'
+    if paper_md:
+        paper_id = f"paper-{section}"
+        used.add(paper_id)
+        body += [f'<section id="{paper_id}"><h3>Paper vs reproduction</h3>',
+                 markdown_html(paper_md, link, heading_ids=used), "</section>"]  # fmt: skip
+        item += f' (<a href="#{paper_id}">paper vs reproduction</a>)'
+    body += [markdown_html(text, link, hook, used), "</section>"]
+    return item + "</li>", "\n".join(body)
+
+
+def _extra_sections(
+    build: _Build, results: list[RunResult], link: Callable[[str], str | None], used: set[str]
+) -> list[tuple[str, str]]:
+    """The leaderboard's sections after the protocols' (agreement, the committed reference,
+    tuning), each (its line in the contents, its HTML); an empty one is left out."""
+    extra = [
+        ("agreement", "Do the protocols agree on the ranking?", agreement_section(results)),
+        ("reference", "Against the committed reference",
+         reference_section(build.results_dir, results)),
+        ("tuning", "Tuning", tuning_section(build.results_dir)),
+    ]  # fmt: skip
+    parts = []
+    for anchor, title, markdown in extra:
+        if not markdown.strip():
+            continue
+        used.add(anchor)
+        markdown = re.sub(r"^## .*\n", "", markdown.lstrip("\n"), count=1)
+        parts.append((f'<li><a href="#{anchor}">{html.escape(title)}</a></li>',
+                      f'<section id="{anchor}"><h2>{html.escape(title)}</h2>\n'
+                      f"{markdown_html(markdown, link, heading_ids=used)}</section>"))  # fmt: skip
+    return parts
 
 
 def _method_links(row_page: dict[str, str]) -> Callable[[str, str], str | None]:
@@ -459,7 +257,7 @@ def _protocol_figures(build: _Build, runs: list[_Run]) -> str:
 
 
 def _frame_html(frame: pd.DataFrame) -> str:
-    return _table_html([str(c) for c in frame.columns],
+    return table_html([str(c) for c in frame.columns],
                        [[str(v) for v in row] for row in frame.itertuples(index=False)],
                        sortable=False)  # fmt: skip
 
@@ -506,7 +304,7 @@ def _method_page(build: _Build, folder_runs: list[_Run], frames: dict[Any, pd.Da
 
     body.append("<h2>Provenance</h2>")
     body.append(_provenance(build, folder_runs))
-    return _page(f"{folder} — {protocol}", "\n".join(body), depth=1)
+    return html_page(f"{folder} — {protocol}", "\n".join(body), depth=1)
 
 
 def _loss_table(runs: list[_Run]) -> str:
@@ -523,22 +321,19 @@ def _loss_table(runs: list[_Run]) -> str:
         rows.append([str(r.result.seed), *[f"{v:.4g}" for v in loss],
                      *["-"] * (epochs - len(loss)),
                      f"{sum(seconds) / len(seconds):.2f}" if seconds else "-"])  # fmt: skip
-    return _table_html(header, rows)
+    return table_html(header, rows)
 
 
 def _retrieval(build: _Build, runs: list[_Run], stem: str) -> list[str]:
     """The retrieval grid of each seed whose embeddings were saved (harness.report.retrieval,
-    imported on use), or a line saying why there is none."""
+    imported on use: it loads the data), or a line saying why there is none."""
     saved = [
         r for r in sorted(runs, key=lambda r: r.result.seed) if embeddings_dir(r.path).is_dir()
     ]
     if not saved:
         return [f'<p class="note">{html.escape(NO_EMBEDDINGS)}</p>']
-    try:
-        from harness.report.retrieval import draw_retrieval_grid
-    except ImportError as exc:
-        why = html.escape(str(exc))
-        return [f'<p class="note">retrieval grid unavailable in this harness ({why})</p>']
+    from harness.report.retrieval import draw_retrieval_grid
+
     lines = []
     for r in saved:
         name = f"{stem}_retrieval_seed{r.result.seed}.png"
@@ -624,7 +419,7 @@ def _cost_page(build: _Build) -> str:
                 f"with <code>{program_name()} cost</code>.</p>")  # fmt: skip
     else:
         body = "<h1>Cost</h1>\n" + markdown_html(markdown, _resolver(build, 0))
-    return _page("Cost", body)
+    return html_page("Cost", body)
 
 
 def _prepare(out: Path) -> Path:

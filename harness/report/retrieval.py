@@ -63,22 +63,39 @@ class RetrievalRow:
     correct: tuple[bool, ...]
 
 
+@dataclass(frozen=True)
+class RowChoice:
+    """Which rows a grid shows (`show`'s options): the `worst` queries by MAP@R, the `best`,
+    `random` others drawn with `seed`, each with its top `k` neighbours."""
+
+    k: int = 8
+    worst: int = 4
+    best: int = 4
+    random: int = 4
+    seed: int = 0
+
+    def check(self) -> None:
+        """One line for a grid that cannot have the rows or columns asked for."""
+        for name in ("k", "worst", "best", "random"):
+            count, least = getattr(self, name), 1 if name == "k" else 0
+            if count < least:
+                raise HarnessError(f"--{name} must be at least {least}, got {count}")
+        if self.worst + self.best + self.random == 0:
+            raise HarnessError("no rows to draw: --worst, --best and --random are all 0")
+
+
 def select_rows(
     average_precision: np.ndarray,
     neighbours: np.ndarray,
     query_labels: np.ndarray,
     gallery_labels: np.ndarray,
-    *,
-    k: int = 8,
-    worst: int = 4,
-    best: int = 4,
-    random: int = 4,
-    seed: int = 0,
+    choice: RowChoice = RowChoice(),
 ) -> list[RetrievalRow]:
     """The grid's rows, reproducibly: the `worst` queries with the lowest MAP@R, the `best`
     with the highest (ties to the lower query index; a query is chosen once), then `random`
     of the rest drawn with `seed` (in query order). Queries whose MAP@R is NaN (alone in
     their class) are never chosen. `neighbours` [Q, >= k]: each query's ranked gallery rows."""
+    k, worst, best, random = choice.k, choice.worst, choice.best, choice.random
     ap = np.asarray(average_precision, dtype=np.float64)
     if neighbours.shape[1] < k:
         raise HarnessError(f"--k {k} is more than the {neighbours.shape[1]} neighbours kept")
@@ -90,7 +107,7 @@ def select_rows(
     chosen += [(int(q), "best") for q in by_ap_desc if q not in taken][:best]
     taken = {q for q, _ in chosen}
     rest = np.array([q for q in candidates if q not in taken], dtype=np.int64)
-    drawn = np.random.default_rng(seed).permutation(rest)[:random]
+    drawn = np.random.default_rng(choice.seed).permutation(rest)[:random]
     chosen += [(int(q), "random") for q in np.sort(drawn)]
     rows = []
     for q, kind in chosen:
@@ -101,27 +118,16 @@ def select_rows(
 
 
 def draw_retrieval_grid(
-    folder: Path,
-    out_png: Path,
-    *,
-    k: int = 8,
-    worst: int = 4,
-    best: int = 4,
-    random: int = 4,
-    seed: int = 0,
-    data_root: Path | None = None,
+    folder: Path, out_png: Path, choice: RowChoice = RowChoice(), data_root: Path | None = None
 ) -> Path:
     """Draw the retrieval grid of a run's saved embeddings folder (seed<k>.embeddings) into
-    `out_png`; returns its path. The images come from the run's protocol's data (the result
+    `out_png` (the rows `choice` says); returns its path. The images come from the run's protocol's data (the result
     beside the folder says which protocol; `data_root` for a dataset read from disk), checked
     to be the run's: their labels must equal the saved ones. HarnessError, one line, for a
     folder that cannot be drawn (see harness.cli.show)."""
     folder = Path(folder)
-    for name, count in (("k", k), ("worst", worst), ("best", best), ("random", random)):
-        if count < (1 if name == "k" else 0):
-            raise HarnessError(f"--{name} must be at least {1 if name == 'k' else 0}, got {count}")
-    if worst + best + random == 0:
-        raise HarnessError("no rows to draw: --worst, --best and --random are all 0")
+    choice.check()
+    k = choice.k
     saved = load_embeddings(folder)
     query_rows, gallery_rows = _rows(saved)
     ranked = len(gallery_rows) - int(saved.is_query is None)  # all-vs-all: not the query itself
@@ -141,28 +147,33 @@ def draw_retrieval_grid(
     neighbours = _neighbours(folder, saved, k)
     ap = _average_precision(saved)
     query_labels, gallery_labels = saved.labels[query_rows], saved.labels[gallery_rows]
-    rows = select_rows(ap, neighbours, query_labels, gallery_labels, k=k, worst=worst,
-                       best=best, random=random, seed=seed)  # fmt: skip
+    rows = select_rows(ap, neighbours, query_labels, gallery_labels, choice)
     if not rows:
         raise HarnessError(f"{folder}: no query has another image of its class to retrieve")
-    images = data.images
     title = (f"What {saved.meta.get('method')} retrieves: {protocol.name} v{protocol.version}, "
              f"seed {saved.meta.get('seed')}, top {k} by {_ranking(saved)}")  # fmt: skip
     fig = _grid(rows, k, title)
     for r, row in enumerate(rows):
         dataset_rows = [indices[query_rows[row.query]]]
         dataset_rows += [indices[gallery_rows[g]] for g in row.neighbours]
-        pictures = _images(images, np.asarray(dataset_rows, dtype=np.int64))
-        for c, picture in enumerate(pictures):
-            colour = QUERY_COLOUR if c == 0 else (
-                CORRECT_COLOUR if row.correct[c - 1] else WRONG_COLOUR)  # fmt: skip
-            _cell(fig, rows, k, r, c, picture, colour)
-        x, y, _, h = cell_rect(len(rows), k, r, 0)
-        label = (f"{row.kind} #{row.query}\nclass {int(query_labels[row.query])}\n"
-                 f"MAP@R {row.average_precision:.2f}")  # fmt: skip
-        fig.text(x - 0.1 / grid_size(len(rows), k)[0], y + h / 2, label, ha="right",
-                 va="center", fontsize=8)  # fmt: skip
+        pictures = _images(data.images, np.asarray(dataset_rows, dtype=np.int64))
+        _draw_row(fig, rows, k, r, pictures, int(query_labels[row.query]))
     return _save(fig, Path(out_png))
+
+
+def _draw_row(fig: Figure, rows: list[RetrievalRow], k: int, r: int,
+              pictures: list[np.ndarray], query_class: int) -> None:  # fmt: skip
+    """Row r of the grid: the query framed blue, its neighbours green or red, its label."""
+    row = rows[r]
+    for c, picture in enumerate(pictures):
+        colour = QUERY_COLOUR if c == 0 else (
+            CORRECT_COLOUR if row.correct[c - 1] else WRONG_COLOUR)  # fmt: skip
+        _cell(fig, rows, k, r, c, picture, colour)
+    x, y, _, h = cell_rect(len(rows), k, r, 0)
+    label = (f"{row.kind} #{row.query}\nclass {query_class}\n"
+             f"MAP@R {row.average_precision:.2f}")  # fmt: skip
+    fig.text(x - 0.1 / grid_size(len(rows), k)[0], y + h / 2, label, ha="right",
+             va="center", fontsize=8)  # fmt: skip
 
 
 def run_protocol(folder: Path, saved: SavedEmbeddings) -> Protocol:
