@@ -376,7 +376,7 @@ def _screenshot(driver, path: Path) -> Path:
 
 def _check_sorting(driver, index: Path) -> None:
     table_id = next(name for name in _tables(index) if name.startswith("table-protocol-"))
-    for header in ("map@r (%)", "img/s"):
+    for header in ("map@r (%)", "recall@1 (%)"):
         _click(driver, table_id, header)
         ascending = _column(driver, table_id, header)
         numbers = [v for v in ascending if v is not None]

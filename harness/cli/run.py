@@ -149,6 +149,11 @@ def _plan(args: argparse.Namespace) -> list[RunSpec]:
     if not names:
         raise HarnessError(f"--method {args.method!r} names no method: give NAME[,NAME...] "
                            f"(`{program_name()} ls` lists them) or --all")  # fmt: skip
+    if args.tuned:  # a method with nothing to tune has no tuned configuration: its default runs
+        untunable = [m for m in names if m in METHODS and not METHODS.get(m).search]
+        names = [m for m in names if m not in untunable]  # stand for it in the tuned table
+        for name in untunable:
+            print(f"{name}: no search space, no tuned run (its paper-default runs stand for it)")
     specs = plan(
         protocol, names, args.seeds, data_root=args.data_root, device=args.device,
         max_steps=args.max_steps, results_dir=args.results_dir, force=args.force,

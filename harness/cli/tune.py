@@ -8,7 +8,7 @@ import yaml
 
 from harness.cli.argtypes import add_plugin_option, add_tracker_options, positive_int
 from harness.cli.run import terminate
-from harness.core import load_methods
+from harness.core import METHODS, load_methods
 from harness.records import tracking_config
 from harness.tune import TuneOptions, tune
 
@@ -18,7 +18,10 @@ def add_parser(sub: Any) -> None:
     tn = sub.add_parser("tune", help="equal-budget Optuna tuning on validation classes")
     tn.add_argument("--protocol", required=True, help="protocol name or YAML path (needs "
                     "split.validation_fraction > 0)")  # fmt: skip
-    tn.add_argument("--method", required=True, help="NAME[,NAME...]")
+    which = tn.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every registered method (one with "
+                       "no search space is named and skipped)")  # fmt: skip
+    which.add_argument("--method", help="NAME[,NAME...]")
     tn.add_argument("--trials", type=positive_int, required=True, help="trials per method")
     tn.add_argument("--folds", type=positive_int, default=1,
                     help="class-disjoint folds of the training classes (default 1)")  # fmt: skip
@@ -46,7 +49,13 @@ def cmd_tune(args: Any) -> int:
 
     load_methods()
 
-    names = [m.strip() for m in args.method.split(",") if m.strip()]
+    asked = (
+        METHODS.names() if args.all else [m.strip() for m in args.method.split(",") if m.strip()]
+    )
+    names = [m for m in asked if m not in METHODS or METHODS.get(m).search]  # unknown: tune says
+    for name in asked:
+        if name not in names:  # tuning it would run the same configuration trial after trial
+            print(f"{name}: no search space, not tuned (its paper-default runs stand for it)")
     tracking = tracking_config(args.tracker, args.tracker_uri, args.results_dir)
     previous = signal.signal(signal.SIGTERM, terminate)  # SIGTERM stops like Ctrl-C
     try:

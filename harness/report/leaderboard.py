@@ -37,6 +37,7 @@ from harness.report.agreement import agreement_section
 from harness.report.cost_tables import cost_section
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.reference import reference_section
+from harness.report.tuned import tuned_section
 from harness.report.verdicts import against_best, main_metric, per_seed, row_names
 
 METRIC_ORDER = ("recall@", "precision@1", "r_precision", "map@r", "map", "nmi", "f1", "lda")
@@ -73,11 +74,8 @@ def _coerce(runs: Iterable[RunResult | dict[str, Any]]) -> list[RunResult]:
     return [r if isinstance(r, RunResult) else parse_result(r, "(in memory)") for r in runs]
 
 
-def _row(r: RunResult, name: str, metrics: dict[str, float], timed: bool) -> dict[str, Any]:
-    timings = (r.timings or {}) if timed else {}
-    return {"method": name, "seed": r.seed, "status": r.status, **metrics,
-            "img/s": timings.get("images_per_second"),
-            "s/epoch": timings.get("seconds_per_epoch"), "failure": r.failure}  # fmt: skip
+def _row(r: RunResult, name: str, metrics: dict[str, float]) -> dict[str, Any]:
+    return {"method": name, "seed": r.seed, "status": r.status, **metrics, "failure": r.failure}
 
 
 def completeness(runs: list[RunResult]) -> tuple[int, int, list[int]]:
@@ -124,7 +122,7 @@ def leaderboard_frame(
         named = ([(f"{row} / {part}", m) for part, m in (r.metrics_by_part or {}).items()]
                  if parts else [(row, r.metrics or {})])  # fmt: skip
         for name, metrics in named:
-            rows.append(_row(r, name, metrics, timed=not parts))
+            rows.append(_row(r, name, metrics))
             by_name.setdefault(name, []).append(r)
     df = pd.DataFrame(rows)
     metrics = sorted(
@@ -149,7 +147,14 @@ def leaderboard_frame(
     table = table[first + [c for c in table.columns if c not in first]]
     if not (table["notes"] != "").any():
         table = table.drop(columns="notes")
+    if _same_column(table, "precision@1 (%)", "recall@1 (%)"):  # all-vs-all: always equal
+        table = table.drop(columns="precision@1 (%)")
     return table
+
+
+def _same_column(table: pd.DataFrame, column: str, twin: str) -> bool:
+    """Whether `column` repeats `twin` cell for cell (then the table shows `twin` alone)."""
+    return column in table and twin in table and bool((table[column] == table[twin]).all())
 
 
 def _finite(value: float) -> float:
@@ -168,10 +173,6 @@ def _line(
             line[name] = _mean_std(ok[name], 1, 2) if name in ok else "-"
         else:
             line[f"{name} (%)"] = _mean_std(ok[name], 100, 1) if name in ok else "-"
-    trained = ok["s/epoch"].dropna()
-    # speed depends on the machine's load, not on the seed: the mean alone, no interval
-    line["img/s"] = f"{ok['img/s'].dropna().mean():.0f}" if not trained.empty else "-"
-    line["s/epoch"] = f"{trained.mean():.2f}" if not trained.empty else "-"
     bad = group[group["status"] != "ok"]
     notes = [f"seed {s}: {st} ({f})"
              for s, st, f in bad[["seed", "status", "failure"]].itertuples(index=False)]  # fmt: skip
@@ -276,6 +277,44 @@ def paper_comparison(runs: list[RunResult]) -> list[str]:
     return [*lines, f"Against the published values ({source}):", "", table, ""]
 
 
+def _protocol_lines(key: tuple[str, int, str, Any], group: list[RunResult]) -> list[str]:
+    """One protocol's section: its paper comparison and tuned table where it has them, every
+    run's table, the parts and diagnostics tables, and where the numbers came from."""
+    name, version, hash_, max_steps = key
+    envs = [r.environment or Environment() for r in group]
+    commits = sorted({(e.git_commit or "?")[:10] for e in envs})
+    devices = sorted({e.hardware.device or "?" for e in envs})
+    machines = sorted({describe(e.fingerprint) for e in envs})
+    dates = sorted(r.finished_at or r.started_at or "?" for r in group)
+    title = f"## {name} (protocol v{version}, hash `{hash_}`)"
+    if max_steps is not None:
+        title += f" — shortened to {max_steps} steps, not comparable to full runs"
+    lines = ["", title, "", *paper_comparison(group), *tuned_section(group)]
+    if any(r.tuning for r in group):
+        lines += ["### Every run of the protocol", ""]
+    lines += [_table(group), ""]
+    parts = _parts_table(group)
+    if parts:
+        lines += ["Parts of composite embeddings, each part scored alone as `method / part`:",
+                  "", parts, ""]  # fmt: skip
+    diagnostics = _diagnostics_table(group)
+    if diagnostics:
+        lines += ["Diagnostics recorded by the methods (see docs/methods.md):", "",
+                  diagnostics, ""]  # fmt: skip
+    split = next((r.split for r in group if r.split), None)
+    if split:
+        lines.append(
+            f"Split `{split['hash']}`: {split['train_classes']} train classes "
+            f"({split['train_images']} images), {split['test_classes']} test classes "
+            f"({split['test_images']} images)."
+        )
+    lines.append(
+        f"Runs: {len(group)}; commits {', '.join(commits)}; devices {', '.join(devices)}; "
+        f"finished {dates[0][:10]} to {dates[-1][:10]}; made on {'; '.join(machines)}."
+    )
+    return lines + _sources(group)
+
+
 def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
     """The whole leaderboard as markdown (dicts are read as result files' JSON)."""
     runs = _coerce(runs)
@@ -298,40 +337,16 @@ def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
         "half-width of the 95 % "
         "percentile bootstrap interval over test queries (1,000 seeded resamples), averaged "
         "over seeds: how much the test set alone moves the number (`-`: a result made before "
-        "runs recorded it). img/s and s/epoch are means (speed depends on the machine's load). A `+tuned` row uses the configuration `harness tune` found on "
+        "runs recorded it). precision@1 is shown only where it differs from recall@1 (in "
+        "all-vs-all retrieval the two are the same number). Speed is not in these tables: "
+        "runs made at different times share the machine with different loads, so their "
+        "img/s compare the load, not the methods; the Cost section measures every method side "
+        "by side in one process (`harness cost`). A `+tuned` row uses the configuration `harness tune` found on "
         "validation classes (see Tuning); the others use the paper's defaults. Retrieval is "
         "all-vs-all on the test classes, which no model saw in training.",
     ]
-    for (name, version, hash_, max_steps), group in sorted(_groups(runs).items(), key=str):
-        envs = [r.environment or Environment() for r in group]
-        commits = sorted({(e.git_commit or "?")[:10] for e in envs})
-        devices = sorted({e.hardware.device or "?" for e in envs})
-        machines = sorted({describe(e.fingerprint) for e in envs})
-        dates = sorted(r.finished_at or r.started_at or "?" for r in group)
-        title = f"## {name} (protocol v{version}, hash `{hash_}`)"
-        if max_steps is not None:
-            title += f" — shortened to {max_steps} steps, not comparable to full runs"
-        lines += ["", title, "", *paper_comparison(group), _table(group), ""]
-        parts = _parts_table(group)
-        if parts:
-            lines += ["Parts of composite embeddings, each part scored alone as `method / part` "
-                      "(training cost is the whole method's):", "", parts, ""]  # fmt: skip
-        diagnostics = _diagnostics_table(group)
-        if diagnostics:
-            lines += ["Diagnostics recorded by the methods (see docs/methods.md):", "",
-                      diagnostics, ""]  # fmt: skip
-        split = next((r.split for r in group if r.split), None)
-        if split:
-            lines.append(
-                f"Split `{split['hash']}`: {split['train_classes']} train classes "
-                f"({split['train_images']} images), {split['test_classes']} test classes "
-                f"({split['test_images']} images)."
-            )
-        lines.append(
-            f"Runs: {len(group)}; commits {', '.join(commits)}; devices {', '.join(devices)}; "
-            f"finished {dates[0][:10]} to {dates[-1][:10]}; made on {'; '.join(machines)}."
-        )
-        lines += _sources(group)
+    for key, group in sorted(_groups(runs).items(), key=str):
+        lines += _protocol_lines(key, group)
     return "\n".join(lines) + "\n"
 
 

@@ -103,6 +103,19 @@ def test_the_committed_leaderboard_is_what_the_leaderboard_command_makes(tmp_pat
     assert (copy / "LEADERBOARD.md").read_text() == (REFERENCE / "LEADERBOARD.md").read_text()
 
 
+def test_the_readme_quotes_the_committed_tuned_table():
+    """The README's first screen shows the tuning protocol's tuned table: the very table the
+    committed results make (after new results: regenerate, then paste it into the README)."""
+    from harness.records import load_results
+    from harness.report.tuned import tuned_table
+
+    load_methods()
+    runs = [r for r in load_results(REFERENCE) if r.protocol.name == "tuning"]
+    assert any(r.tuning for r in runs)
+    table = tuned_table(runs)
+    assert table in (REPO / "README.md").read_text(encoding="utf-8"), table
+
+
 def user_results(tmp_path: Path, methods=("contrastive", "triplet")) -> Path:
     """A results folder with a reference inside it (copies of the committed default runs of
     `methods`, seeds 0-2), and no runs of its own yet."""

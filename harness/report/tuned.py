@@ -1,0 +1,175 @@
+"""Which method is better once each is tuned (Musgrave et al., "A Metric Learning Reality
+Check", ECCV 2020): for a protocol whose results hold both paper-default runs and `+tuned`
+runs (`run --tuned`, each configuration found by `tune` on validation classes with the same
+budget), one table with every method's tuned and default numbers side by side, how much
+tuning moved each (a paired interval over the seeds both ran), and how sure the verdicts
+are before and after: how many methods the best is significantly better than, and which
+pairwise orderings of the default table flip.
+
+A method that has no `+tuned` runs enters the tuned ranking with its paper-default runs and
+says why: no search space (nothing to tune, e.g. `untrained`) or not tuned yet.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pandas as pd
+from tabulate import tabulate
+
+from harness.core import METHODS, benjamini_hochberg, compare, load_methods, t_interval
+from harness.records import RunResult
+from harness.report.verdicts import ALPHA, against_best, main_metric, per_seed, row_names
+
+TUNED = "+tuned"
+
+
+def _cell(values: dict[int, float], scale: float = 100.0) -> str:
+    mean, half = t_interval(list(values.values()))
+    if math.isnan(mean):
+        return "-"
+    return f"{mean * scale:.1f}" + ("" if math.isnan(half) else f" ± {half * scale:.1f}")
+
+
+def _count(n: int) -> str:
+    return f"{n} method" + ("" if n == 1 else "s")
+
+
+def _mean(values: dict[int, float]) -> float:
+    return sum(values.values()) / len(values) if values else math.nan
+
+
+def _why_untuned(method: str) -> str:
+    """Why a method has no tuned runs, from its registry entry where it is registered."""
+    load_methods()  # `leaderboard` does not load them up front: only a tuned table asks
+    spec = METHODS.get(method) if method in METHODS else None
+    if spec is not None and not spec.search:
+        return "not tuned: no search space"
+    return "not tuned yet"
+
+
+def tuned_values(
+    runs: list[RunResult], metric: str
+) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]], dict[str, str]]:
+    """(default, tuned, notes): each method's per-seed values at its paper defaults and tuned,
+    keyed by the default row's name. A method without tuned runs gets its default values in
+    `tuned` too, and a note saying why it was not tuned."""
+    values = per_seed(runs, metric)
+    names = row_names(runs)
+    method_of = {names[id(r)]: r.method.name for r in runs}
+    default = {n: v for n, v in values.items() if TUNED not in n}
+    tuned_runs = {n.replace(TUNED, "", 1): v for n, v in values.items() if TUNED in n}
+    tuned: dict[str, dict[int, float]] = {}
+    notes: dict[str, str] = {}
+    for name in sorted(set(default) | set(tuned_runs)):
+        if name in tuned_runs:
+            tuned[name] = tuned_runs[name]
+            if name not in default:
+                notes[name] = "no paper-default runs"
+        else:
+            tuned[name] = default[name]
+            notes[name] = _why_untuned(method_of[name])
+    return default, tuned, notes
+
+
+def _significant_wins(values: dict[str, dict[int, float]]) -> tuple[str | None, int]:
+    """The best row and how many rows it is significantly better than (the leaderboard's
+    `below` marks: paired t-tests against the best, Benjamini-Hochberg adjusted)."""
+    best, marks = against_best(values)
+    return best, sum(mark.startswith("below") for mark in marks.values())
+
+
+def flipped_pairs(
+    default: dict[str, dict[int, float]], tuned: dict[str, dict[int, float]]
+) -> tuple[int, int, list[tuple[str, str]]]:
+    """(pairs, flips, resolved flips): how many pairs of methods the two tables share, how
+    many are ordered the other way round after tuning (by mean), and those flips that
+    reverse an ordering the default table resolved (paired t-test, Benjamini-Hochberg
+    adjusted over all pairs, 5 %): the verdicts tuning overturned."""
+    names = sorted(set(default) & set(tuned))
+    pairs = list(itertools.combinations(names, 2))
+    flips = [(a, b) for a, b in pairs
+             if (_mean(default[a]) - _mean(default[b])) * (_mean(tuned[a]) - _mean(tuned[b])) < 0]  # fmt: skip
+    p = benjamini_hochberg({f"{a}|{b}": compare(default[a], default[b]).p for a, b in pairs})
+    resolved = [(a, b) for a, b in flips if p[f"{a}|{b}"] < ALPHA]
+    return len(pairs), len(flips), resolved
+
+
+def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
+    """One row per method, best tuned first: tuned and default main metric with their `vs
+    best` marks (each within its own table), how much tuning moved it, and tuned recall@1."""
+    metric = main_metric(runs)
+    default, tuned, notes = tuned_values(runs, metric)
+    _, tuned_marks = against_best(tuned)
+    _, default_marks = against_best(default)
+    recall_default, recall_tuned, _ = tuned_values(runs, "recall@1")
+    rows = []
+    for name in sorted(tuned, key=lambda n: -_mean(tuned[n])):
+        moved = "-"
+        if name in default and name not in notes:
+            c = compare(tuned[name], default[name])
+            moved = f"{100 * c.difference:+.1f}"
+            if not math.isnan(c.half_width):
+                moved += f" [{100 * (c.difference - c.half_width):+.1f}, "
+                moved += f"{100 * (c.difference + c.half_width):+.1f}]"
+        rows.append({
+            "method": name,
+            f"tuned {metric} (%)": _cell(tuned[name]),
+            "vs best, tuned": tuned_marks.get(name, "-"),
+            "tuning moved it": moved,
+            f"paper default {metric} (%)": _cell(default.get(name, {})),
+            "vs best, default": default_marks.get(name, "-"),
+            "tuned recall@1 (%)": _cell(recall_tuned.get(name, recall_default.get(name, {}))),
+            "notes": notes.get(name, ""),
+        })  # fmt: skip
+    frame = pd.DataFrame(rows)
+    if not (frame["notes"] != "").any():
+        frame = frame.drop(columns="notes")
+    return frame
+
+
+def tuned_table(runs: list[RunResult]) -> str:
+    """tuned_frame as a GitHub markdown table (the leaderboard's, and the README's copy)."""
+    return tabulate(tuned_frame(runs), headers="keys", tablefmt="github", showindex=False,
+                    disable_numparse=True)  # fmt: skip
+
+
+def tuned_section(runs: list[RunResult]) -> list[str]:
+    """The markdown of one protocol's tuned comparison (empty without tuned runs)."""
+    if not any(r.tuning for r in runs):
+        return []
+    metric = main_metric(runs)
+    default, tuned, notes = tuned_values(runs, metric)
+    table = tuned_table(runs)
+    best_tuned, wins_tuned = _significant_wins(tuned)
+    best_default, wins_default = _significant_wins(default)
+    ties = sum(m.startswith("≈") for m in against_best(tuned)[1].values())
+    pairs, flips, resolved = flipped_pairs(default, tuned)
+    moved = {n: compare(tuned[n], default[n]) for n in tuned if n in default and n not in notes}
+    up = sum(c.p < ALPHA and c.difference > 0 for c in moved.values())
+    down = sum(c.p < ALPHA and c.difference < 0 for c in moved.values())
+    most = sorted(moved, key=lambda n: -abs(moved[n].difference))[:3]
+    lines = [
+        f"### Tuned against paper defaults ({metric})", "",
+        "Each method's `+tuned` runs use the configuration `tune` found on validation "
+        "classes with the same budget as every other method (see Tuning); `tuning moved it` "
+        "is tuned − default with its 95 % interval over the seeds both ran. `vs best` is "
+        "tested within each column's own table.", "", table, "",
+        f"- **How sure:** tuned, the best ({best_tuned}) is significantly better than "
+        f"{wins_tuned} of {len(tuned) - 1} methods and {ties} cannot be told from it; at the "
+        f"papers' defaults, the best ({best_default}) was significantly better than "
+        f"{wins_default} of {len(default) - 1}.",
+        f"- **Orderings that flipped:** {flips} of the {pairs} pairs of methods are ordered "
+        f"the other way round after tuning; {len(resolved)} of those reverse an ordering the "
+        f"default table resolved (paired t-test, Benjamini-Hochberg over all pairs, 5 %)"
+        + (": " + ", ".join(f"{a} / {b}" for a, b in resolved[:10]) if resolved else "")
+        + (" ..." if len(resolved) > 10 else "") + ".",
+        f"- **What tuning moved:** {_count(up)} significantly up, {down} significantly down, "
+        f"{len(moved) - up - down} within their seeds' noise; most: "
+        + ", ".join(f"{n} {100 * moved[n].difference:+.1f}" for n in most) + ".",
+    ]  # fmt: skip
+    if notes:
+        lines.append(f"- **Not tuned** ({len(notes)}): " + ", ".join(
+            f"{n} ({why.removeprefix('not tuned: ')})" for n, why in sorted(notes.items())) + ".")  # fmt: skip
+    return [*lines, ""]

@@ -1,0 +1,98 @@
+"""The leaderboard's tuned-against-default comparison (harness.report.tuned) on a hand-worked
+example: three methods, three seeds; `a` and `b` tuned, `c` not. Every number below is
+worked out by hand from the per-seed values."""
+
+from __future__ import annotations
+
+from harness.cli import main
+from harness.records import RunResult
+from harness.report import render
+from harness.report.tuned import flipped_pairs, tuned_frame, tuned_section, tuned_values
+
+DEFAULT = {"a": [0.30, 0.31, 0.32], "b": [0.20, 0.22, 0.21], "c": [0.10, 0.11, 0.13]}
+TUNED = {"a": [0.32, 0.34, 0.33], "b": [0.40, 0.41, 0.42]}  # c: not tuned
+
+
+def result(method: str, seed: int, value: float, tuned: bool, protocol: str = "p") -> RunResult:
+    record = {
+        "schema": 2, "status": "ok", "protocol": {"name": protocol, "version": 1, "hash": protocol},
+        "method": {"name": method, "version": 1, "hyperparameters": {"x": 2 if tuned else 1}},
+        "seed": seed, "training": {"max_steps": None},
+        "metrics": {"map@r": value, "recall@1": 2 * value},
+    }  # fmt: skip
+    if tuned:
+        record["tuning"] = {"trials": 12}
+    return RunResult.from_json(record)
+
+
+def runs(protocol: str = "p") -> list[RunResult]:
+    out = [result(m, s, v, False, protocol) for m, vs in DEFAULT.items() for s, v in enumerate(vs)]
+    out += [result(m, s, v, True, protocol) for m, vs in TUNED.items() for s, v in enumerate(vs)]
+    return out
+
+
+def test_each_method_is_paired_with_its_tuned_runs_and_an_untuned_one_stands_in():
+    default, tuned, notes = tuned_values(runs(), "map@r")
+    assert default["a"] == {0: 0.30, 1: 0.31, 2: 0.32}
+    assert tuned["b"] == {0: 0.40, 1: 0.41, 2: 0.42}
+    assert tuned["c"] == default["c"] and notes == {"c": "not tuned yet"}  # c is not registered
+
+
+def test_the_table_ranks_by_tuned_value_and_says_how_far_tuning_moved_each():
+    frame = tuned_frame(runs())
+    rows = {row["method"]: row for row in frame.to_dict("records")}
+    assert list(frame["method"]) == ["b", "a", "c"]  # 41 > 33 > 11
+    # b: tuned 0.40, 0.41, 0.42: mean 41.0, sd 1.0, t(0.975, 2) = 4.303: ± 4.303 / sqrt(3) = 2.5
+    assert rows["b"]["tuned map@r (%)"] == "41.0 ± 2.5"
+    # b - b's default per seed: 0.20, 0.19, 0.21: +20.0 ± 2.5
+    assert rows["b"]["tuning moved it"] == "+20.0 [+17.5, +22.5]"
+    assert rows["a"]["tuning moved it"] == "+2.0 [-0.5, +4.5]"  # 0.02, 0.03, 0.01
+    assert rows["c"]["tuning moved it"] == "-" and rows["c"]["notes"] == "not tuned yet"
+    assert rows["b"]["vs best, tuned"] == "best" and rows["a"]["vs best, default"] == "best"
+    # a vs b tuned: paired differences 0.08, 0.07, 0.09: t = 13.9 on 2 df, p = 0.0052; with c's
+    # (0.30, 0.30, 0.29: p = 0.0004) BH-adjusted (x 2 / 1 and x 2 / 2): both below 5 %
+    assert rows["a"]["vs best, tuned"] == "below (p = 0.0052)"
+    assert rows["b"]["tuned recall@1 (%)"] == "82.0 ± 5.0"
+    # c: 0.10, 0.11, 0.13: mean 11.33, sd 1.528, ± 4.303 x 1.528 / sqrt(3) = 3.8
+    assert rows["c"]["paper default map@r (%)"] == "11.3 ± 3.8"
+
+
+def test_a_flip_of_an_ordering_the_default_table_resolved_is_named():
+    default, tuned, _ = tuned_values(runs(), "map@r")
+    # pairs (a, b), (a, c), (b, c); only a / b swaps (31 > 21 before, 33 < 41 after), and
+    # a - b was 0.10, 0.09, 0.11 at defaults: p = 0.0033, resolved after BH
+    assert flipped_pairs(default, tuned) == (3, 1, [("a", "b")])
+
+
+def test_the_section_sums_up_how_sure_the_verdict_is():
+    text = "\n".join(tuned_section(runs()))
+    assert "tuned, the best (b) is significantly better than 2 of 2 methods" in text
+    assert "at the papers' defaults, the best (a) was significantly better than 2 of 2" in text
+    assert "1 of the 3 pairs of methods are ordered the other way round" in text
+    assert "1 of those reverse an ordering the default table resolved" in text and "a / b" in text
+    # a moved +2.0 (p = 0.074): within its seeds' noise; b +20.0 (p = 0.0008)
+    assert "1 method significantly up, 0 significantly down, 1 within" in text
+    assert "most: b +20.0, a +2.0" in text and "c (not tuned yet)" in text
+
+
+def test_the_leaderboard_shows_it_only_for_a_protocol_with_tuned_runs():
+    untuned = [r for r in runs("q") if not r.tuning]
+    board = render(runs() + untuned)
+    p, q = board.split("## p (protocol", 1)[1], board.split("## q (protocol", 1)[1]
+    assert "### Tuned against paper defaults (map@r)" in p.split("## q (protocol")[0]
+    assert "Tuned against" not in q and "### Every run of the protocol" not in q
+    assert tuned_section(untuned) == []
+
+
+def test_untunable_methods_are_named_and_skipped(tmp_path, capsys):
+    assert main(["tune", "--protocol", "tuning", "--method", "untrained", "--trials", "1",
+                 "--results-dir", str(tmp_path)]) == 0  # fmt: skip
+    assert "untrained: no search space, not tuned" in capsys.readouterr().out
+    assert not (tmp_path / "tuning").exists() or not any((tmp_path / "tuning").rglob("*.yaml"))
+
+
+def test_the_untrained_method_has_no_search_space():
+    from harness.core import METHODS, load_methods
+
+    load_methods()
+    assert METHODS.get("untrained").search == {} and METHODS.get("contrastive").search
