@@ -26,9 +26,9 @@ from torch import nn
 
 from harness import (
     Batch,
+    Choice,
     Embedded,
     EmbeddingHead,
-    Float,
     HarnessError,
     Method,
     MethodContext,
@@ -83,7 +83,9 @@ def mine_all_pairs(out: Embedded, batch: Batch) -> Pairs:
     family="pairs",
     version=1,
     paper="histogram_nips2016",
-    search={"delta": Float(0.002, 0.05, log=True)},
+    # delta must split [-1, 1] into whole bins (2 / delta an integer): a continuous range
+    # proposed values the loss refuses, so the search picks among the steps that do
+    search={"delta": Choice((0.002, 0.004, 0.005, 0.008, 0.01, 0.02, 0.025, 0.04, 0.05))},
 )
 def build(ctx: MethodContext, *, delta: float = 0.01) -> Method:
     """Histogram loss (Ustinova & Lempitsky 2016): P(negative pair more similar than positive)

@@ -44,3 +44,41 @@ def test_every_trained_method_declares_a_space():
 
     untuned = [n for n in METHODS.names() if not METHODS.get(n).search]
     assert set(untuned) <= {"untrained"}, untuned
+
+
+@pytest.mark.parametrize("draws", [12])
+def test_every_point_the_tuner_may_propose_builds(draws):
+    """Random draws from each method's space (optuna's RandomSampler, as the tuner's TPE
+    draws its first trials) must build under the tuning protocol: a space that proposes a
+    value the method refuses (histogram's delta once did: 2 / delta must be whole) would end
+    the study for every method after it."""
+    import optuna
+    import torch
+
+    from harness.core import RunContext, load_methods, load_protocol
+    from harness.core.method import protocol_hyperparameters
+    from harness.train import build_model
+    from harness.tune.trial import suggest
+
+    load_methods()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    protocol = load_protocol("tuning")
+    ctx = RunContext(protocol=protocol, seed=0, device=torch.device("cpu"))
+    refused = []
+    for name in METHODS.names():
+        spec = METHODS.get(name)
+        if not spec.search:
+            continue
+        base = protocol_hyperparameters(protocol, name)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        for _ in range(draws):
+            trial = study.ask()
+            hyper = spec.hyperparameters(suggest(trial, base, spec.search), "a draw")
+            try:
+                build_model(ctx, name, hyper, in_channels=1, num_classes=70,
+                            num_coarse_classes=5)  # fmt: skip
+            except HarnessError as exc:
+                refused.append((name, hyper, str(exc)))
+                break
+            study.tell(trial, 0.0)
+    assert refused == []
