@@ -125,9 +125,12 @@ def test_a_killed_worker_is_retried_and_every_result_is_written_once(tmp_path, c
     assert all(r["status"] == "ok" for r in results(tmp_path).values())
     assert not (tmp_path / "archive").exists()  # each result written once
     assert "ok 2" in capsys.readouterr().out
-    # the workers streamed each finished epoch back to the driver's log
+    # the workers streamed finished epochs back to the driver's log (not necessarily epoch 1:
+    # under load, the killed worker's message for it can be lost with the worker, and the
+    # retried run resumes after that epoch's checkpoint)
     for seed in (0, 1):
-        assert f"contrastive seed {seed}: epoch 1 done" in caplog.messages
+        streamed = [m for m in caplog.messages if m.startswith(f"contrastive seed {seed}: epoch ")]
+        assert streamed and all(m.endswith(" done") for m in streamed), caplog.messages
 
 
 def test_without_ray_the_engine_says_how_to_install_it(monkeypatch, capsys):
