@@ -1,5 +1,6 @@
 """Embeddings out: `run --save-embeddings` writes a finished run's test embeddings beside its
-result (sha256s recorded, query/gallery flags for In-shop), `evaluate DIR` gives the run's
+result (sha256s recorded, query/gallery flags and each row's image path for In-shop; no
+paths for rendered glyphs), `evaluate DIR` gives the run's
 own metrics to 1e-9, a learned scorer's embeddings are refused unless `--euclidean`, and
 evaluate says when queries copy gallery rows or when all-vs-all excludes each item."""
 
@@ -17,6 +18,7 @@ import torch
 
 from harness.cli import main
 from harness.core import load_protocol
+from harness.data import inshop
 from harness.evaluate import compute_metrics
 from harness.records import RunResult
 from harness.sweep import RunSpec, resolve
@@ -80,6 +82,7 @@ def test_saved_files_match_the_sha256_in_the_result(saved_run: Path):
     folder = saved_run.with_suffix(".embeddings")
     assert record["status"] == "ok" and record["embeddings"]["path"] == "seed0.embeddings"
     files = record["embeddings"]["files"]
+    # rendered glyphs are read from no file: no paths.txt
     assert set(files) == {"embeddings.npy", "labels.npy", "indices.npy", "neighbours.npy",
                           "average_precision.npy", "embeddings.json"}  # fmt: skip
     assert sorted(p.name for p in folder.iterdir()) == sorted(files)  # no temporary file left
@@ -160,6 +163,15 @@ def test_query_gallery_protocol_saves_the_flags(tmp_path: Path, capsys):
     assert (is_query.sum(), is_gallery.sum()) == (split["query_images"], split["gallery_images"])
     assert {"is_query.npy", "is_gallery.npy"} <= set(record["embeddings"]["files"])
     assert json.loads((folder / "embeddings.json").read_text())["mode"] == "query_gallery"
+    # each row's image, relative to the data root: the queries', then the gallery's
+    paths = (folder / "paths.txt").read_text().splitlines()
+    listing = inshop.listing(data)
+    labels, indices = np.load(folder / "labels.npy"), np.load(folder / "indices.npy")
+    assert len(paths) == len(labels) and "paths.txt" in record["embeddings"]["files"]
+    for path, label, index, query in zip(paths, labels, indices, is_query, strict=True):
+        assert data / path == Path(listing.files[index]) and path.startswith("Img/img/")
+        assert Path(path).parent.name == listing.class_names[label]  # the item's folder
+        assert (listing.partition[index] == "query") == query
     printed = evaluate_json(capsys, str(folder))
     assert printed["warnings"] == []  # In-shop's queries are other images than its gallery's
     for name, value in record["metrics"].items():
@@ -209,8 +221,9 @@ def test_identical_query_and_gallery_rows_are_counted(tmp_path: Path, capsys):
         (lambda f: np.save(f / "labels.npy", np.zeros(5, dtype=np.int64)), "has 96 rows but"),
         (lambda f: np.save(f / "embeddings.npy", _nan_rows(f)), "NaN or inf in 2 of 96 rows"),
         (lambda f: (f / "embeddings.json").write_text("{}"), "not format-1 or format-2 metadata"),
+        (lambda f: (f / "paths.txt").write_text("a.png\n"), "but paths.txt has 1 line;"),
     ],
-    ids=["no embeddings", "no metadata", "row counts", "NaN rows", "bad metadata"],
+    ids=["no embeddings", "no metadata", "row counts", "NaN rows", "bad metadata", "paths"],
 )
 def test_a_bad_folder_is_one_line(saved_run: Path, tmp_path: Path, capsys, damage, fragment):
     folder = tmp_path / "seed0.embeddings"

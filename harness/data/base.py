@@ -31,6 +31,9 @@ class LabelledImages:
     fixed_split: the partition is the data owner's own split (a `folder` dataset's train/ and
       test/, a `csv` table's split column): a protocol must use it (`split: {official: true}`)
       rather than quietly re-split the classes.
+    files: each image's file, relative to the dataset's root (POSIX separators; an in-archive
+      path for images decoded from a zip), or None when the images are not read from files
+      (rendered glyphs); `run --save-embeddings` writes the test rows' files to paths.txt.
     """
 
     images: torch.Tensor | LazyImages
@@ -41,10 +44,12 @@ class LabelledImages:
     source: str = ""
     partition: np.ndarray | None = None
     fixed_split: bool = False
+    files: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.labels)
-        if self.images.dtype != torch.uint8 or self.images.ndim != 4:
+        cached = getattr(self.images, "in_process", False)  # a frozen trunk's CachedViews
+        if not cached and (self.images.dtype != torch.uint8 or self.images.ndim != 4):
             raise ValueError("images must be a uint8 tensor [N, C, H, W]")
         if self.images.shape[0] != n:
             raise ValueError(f"{self.images.shape[0]} images but {n} labels")
@@ -78,6 +83,7 @@ class LabelledImages:
             source=self.source,
             partition=None if self.partition is None else self.partition[idx],
             fixed_split=self.fixed_split,
+            files=None if self.files is None else tuple(self.files[i] for i in idx),
         )
 
 

@@ -79,7 +79,8 @@ def listing(data_root: Path | None, extensions: object = EXTENSIONS) -> OwnListi
     part_array = np.asarray(partition) if fixed else None
     if part_array is not None:
         check_disjoint("folder", labels, class_names, part_array, f"under {root}")
-    return OwnListing("folder", f"from {root}", files, labels, class_names, part_array)
+    return OwnListing("folder", f"from {root}", files, labels, class_names, part_array,
+                      root=root)  # fmt: skip
 
 
 @register_dataset("folder", needs_data_root=True)

@@ -89,6 +89,24 @@ def decode(path: str | Path, size: int, box: np.ndarray | None = None) -> np.nda
     return np.asarray(im, dtype=np.uint8).transpose(2, 0, 1)
 
 
+def relative_paths(paths: Sequence[str], root: str | Path) -> tuple[str, ...]:
+    """Each path relative to `root`, with POSIX separators: what `run --save-embeddings`
+    records per row (paths.txt), so that a row names its image on any machine holding the
+    dataset. A path under the resolved root (a csv table's paths are resolved) counts as under
+    the root; one outside both is written as os.path.relpath gives it (leading `..`)."""
+    root = Path(root)
+    prefixes = [os.path.join(str(r), "") for r in dict.fromkeys((root, root.resolve()))]
+
+    def one(path: str) -> str:
+        text = str(path)
+        for prefix in prefixes:
+            if text.startswith(prefix):
+                return Path(text[len(prefix) :]).as_posix()
+        return Path(os.path.relpath(text, root)).as_posix()
+
+    return tuple(one(p) for p in paths)
+
+
 class LazyImages:
     """A view of image files that looks like a uint8 tensor [N, 3, size, size] to the harness.
 

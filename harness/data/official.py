@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.core import HarnessError
 from harness.data.base import LabelledImages
-from harness.data.lazy import LazyImages
+from harness.data.lazy import LazyImages, relative_paths
 
 # Decode size before the runner resizes to the backbone's input size (a LazyImages view only
 # records the size: nothing is decoded at this size unless asked).
@@ -28,6 +28,8 @@ NATIVE_SIZE = 256
 class Listing:
     """Every image of a dataset as its official lists describe it (nothing decoded).
 
+    root: the dataset's folder (--data-root, or the dataset's own folder under it, such as
+    CUB_200_2011/); the data's `files` are the paths relative to it.
     files: absolute paths; labels: int64 [N] into class_names (sorted so that the official
     class order is the sorted order); partition: str [N], "train"/"test"/"query"/"gallery";
     boxes: float [N, 4] (left, top, right, bottom in pixels) or None.
@@ -72,6 +74,7 @@ class Listing:
             coarse_labels=self.coarse_labels,
             coarse_names=self.coarse_names,
             partition=self.partition,
+            files=relative_paths(self.files, self.root),
             source=f"{self.dataset} from {self.root} ({parts}; {crop}){self.note}",
         )
 

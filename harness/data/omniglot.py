@@ -12,7 +12,9 @@ images_background_small1/2 are subsets of images_background, so listing both kin
 With download=True a missing archive is fetched from the official repository
 (OMNIGLOT_URL) into data_root, or into `cache_dir/omniglot` when no data_root is given.
 The decoded, resized arrays are cached as `cache_dir/omniglot-<hash>.npz`, keyed by the archive
-names, their files' sizes and modification times, and image_size.
+names, their files' sizes and modification times, and image_size. Each image's `files` entry is
+its path inside the archive (`images_background_small1/Greek/character01/0394_01.png`; for an
+extracted folder, the same path under it), what `run --save-embeddings` writes to paths.txt.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from harness.data.base import LabelledImages, register_dataset
 
 log = logging.getLogger(__name__)
 
-OMNIGLOT_VERSION = 1
+OMNIGLOT_VERSION = 2  # 2: the cache holds each image's in-archive path
 ARCHIVES = (
     "images_background",
     "images_evaluation",
@@ -126,13 +128,15 @@ def _parse(rel: str) -> tuple[str, str] | None:
     return alphabet, character
 
 
-def _entries(source: Path) -> Iterator[tuple[str, str, str, Callable[[], bytes]]]:
-    """(alphabet, character, path shown in errors, reader) for every image in a zip or folder."""
+def _entries(source: Path) -> Iterator[tuple[str, str, str, str, Callable[[], bytes]]]:
+    """(alphabet, character, path shown in errors, path inside the archive, reader) for every
+    image in a zip or folder (a folder is named as its archive: its paths are the zip's)."""
     if source.is_dir():
         for path in sorted(source.rglob("*.png")):
-            parsed = _parse(path.relative_to(source).as_posix())
+            rel = path.relative_to(source).as_posix()
+            parsed = _parse(rel)
             if parsed:
-                yield *parsed, str(path), path.read_bytes
+                yield *parsed, str(path), f"{source.name}/{rel}", path.read_bytes
         return
     try:
         archive = zipfile.ZipFile(source)
@@ -146,7 +150,8 @@ def _entries(source: Path) -> Iterator[tuple[str, str, str, Callable[[], bytes]]
                 continue
             parsed = _parse(info.filename)
             if parsed:
-                yield *parsed, f"{source}:{info.filename}", lambda i=info: archive.read(i)
+                where = f"{source}:{info.filename}"
+                yield *parsed, where, info.filename, lambda i=info: archive.read(i)
 
 
 def _decode(data: bytes, where: str, image_size: int) -> np.ndarray:
@@ -167,14 +172,14 @@ def _decode(data: bytes, where: str, image_size: int) -> np.ndarray:
 
 def _read_archive(source: Path, name: str, image_size: int):
     items = []
-    for alphabet, character, where, read in _entries(source):
+    for alphabet, character, where, file, read in _entries(source):
         try:
             data = read()
         except (zipfile.BadZipFile, OSError, EOFError) as e:
             raise HarnessError(
                 f"omniglot: cannot read {where} ({e}); the archive is corrupt, download it again"
             ) from e
-        items.append((f"{alphabet}/{character}", where, _decode(data, where, image_size)))
+        items.append((f"{alphabet}/{character}", where, _decode(data, where, image_size), file))
     if not items:
         raise HarnessError(
             f"omniglot: {source} holds no images laid out as {name}/<Alphabet>/<characterNN>/"
@@ -251,6 +256,7 @@ def build(
         class_names=class_names,
         coarse_labels=arrays["class_coarse"].astype(np.int64)[labels],
         coarse_names=coarse_names,
+        files=tuple(str(f) for f in arrays["files"]),
         source=(
             f"omniglot {', '.join(str(s) for s in sources.values())}: {len(class_names)} "
             f"characters, {len(coarse_names)} alphabets, {len(labels)} images at "
@@ -310,7 +316,7 @@ def _build_arrays(sources: dict[str, Path], image_size: int) -> dict[str, np.nda
     alphabet_home: dict[str, str] = {}
     for name, source in sources.items():
         archive_items = _read_archive(source, name, image_size)
-        for cls, _, _ in archive_items:
+        for cls, *_ in archive_items:
             alphabet = cls.split("/")[0]
             other = alphabet_home.setdefault(alphabet, name)
             if other != name:
@@ -320,11 +326,11 @@ def _build_arrays(sources: dict[str, Path], image_size: int) -> dict[str, np.nda
                 )
         items.extend(archive_items)
     items.sort(key=lambda item: (item[0], item[1]))
-    class_names = sorted({cls for cls, _, _ in items})
+    class_names = sorted({cls for cls, *_ in items})
     coarse_names = sorted({cls.split("/")[0] for cls in class_names})
     index = {cls: i for i, cls in enumerate(class_names)}
     alphabet_index = {a: i for i, a in enumerate(coarse_names)}
-    images = np.stack([img for _, _, img in items])[:, None]
+    images = np.stack([img for _, _, img, _ in items])[:, None]
     log.info(
         "omniglot: decoded %d images of %d characters in %.1f s",
         len(items),
@@ -333,7 +339,8 @@ def _build_arrays(sources: dict[str, Path], image_size: int) -> dict[str, np.nda
     )
     return {
         "images": images,
-        "labels": np.asarray([index[cls] for cls, _, _ in items], np.int64),
+        "labels": np.asarray([index[cls] for cls, *_ in items], np.int64),
+        "files": np.asarray([file for *_, file in items], dtype=str),
         "class_names": np.asarray(class_names),
         "coarse_names": np.asarray(coarse_names),
         "class_coarse": np.asarray(

@@ -19,7 +19,7 @@ import numpy as np
 from harness.core import HarnessError, program_name
 from harness.data import official
 from harness.data.base import LabelledImages
-from harness.data.lazy import LazyImages
+from harness.data.lazy import LazyImages, relative_paths
 from harness.data.official import NATIVE_SIZE
 
 SHOWN = 20  # problems of one kind listed by name; the rest are counted
@@ -32,7 +32,8 @@ class OwnListing:
 
     files: absolute paths; labels: int64 [N] into class_names (sorted); partition: str [N] of
     train / test / query / gallery when the data fixes its split, else None; where: what the
-    items came from (for messages and the result's `source`)."""
+    items came from (for messages and the result's `source`); root: the data root, which the
+    data's `files` are relative to (None: no `files`)."""
 
     dataset: str
     where: str
@@ -42,6 +43,7 @@ class OwnListing:
     partition: np.ndarray | None = None
     coarse_labels: np.ndarray | None = None
     coarse_names: list[str] | None = None
+    root: Path | None = None
 
     def to_images(self) -> LabelledImages:
         """The listing as a dataset whose images are decoded from disk batch by batch."""
@@ -61,6 +63,7 @@ class OwnListing:
             source=f"{self.dataset} {self.where} ({parts})",
             partition=self.partition,
             fixed_split=self.partition is not None,
+            files=None if self.root is None else relative_paths(self.files, self.root),
         )
 
 

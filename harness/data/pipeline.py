@@ -41,7 +41,9 @@ def default_workers(images: Any, augment: Augment | None) -> int:
     """Workers when --workers is not given: none when there is nothing to prepare (images in
     memory, no augmentation), else the machine's cores (shared among torchrun's processes on
     this node), at most MAX_AUTO_WORKERS."""
-    if augment is None and not hasattr(images, "load"):
+    if augment is None and not hasattr(images, "load") or getattr(images, "in_process", False):
+        return 0
+    if getattr(getattr(images, "device", None), "type", "cpu") != "cpu":  # held on a GPU
         return 0
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # torchrun: the node's processes
     return max(1, min(MAX_AUTO_WORKERS, (os.cpu_count() or 1) // max(ranks, 1)))

@@ -70,6 +70,28 @@ def resize(data: LabelledImages, size: int) -> LabelledImages:
     return dataclasses.replace(data, images=out)
 
 
+_ON_DEVICE: dict[
+    tuple[int, str], torch.Tensor
+] = {}  # the last dataset moved: a sweep's runs share it
+
+
+def on_device(data: LabelledImages, device: torch.device) -> LabelledImages:
+    """Decoded images held in memory moved to a CUDA device once, where they fit in half of
+    its free memory: every batch is then cut and augmented on the device, which never waits
+    on decoding. Images read from files, and any run on a CPU, stay as they are."""
+    images = data.images
+    if device.type != "cuda" or not isinstance(images, torch.Tensor) or images.is_cuda:
+        return data
+    key = (id(images), str(device))
+    if key not in _ON_DEVICE:
+        free, _ = torch.cuda.mem_get_info(device)
+        if images.numel() * images.element_size() > free // 2:
+            return data
+        _ON_DEVICE.clear()
+        _ON_DEVICE[key] = images.to(device)
+    return dataclasses.replace(data, images=_ON_DEVICE[key])
+
+
 def decoded_by(
     data: LabelledImages, decoder: str, device: torch.device, protocol: Protocol
 ) -> LabelledImages:

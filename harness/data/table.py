@@ -116,7 +116,7 @@ def listing(data_root: Path | None, table: str = "dataset.csv") -> OwnListing:
     check_disjoint("csv", labels, class_names, partition, f"of {path}")
     coarse, coarse_names = index_labels(categories) if "category" in columns else (None, None)
     return OwnListing("csv", f"table {path}", files, labels, class_names, partition,
-                      coarse, coarse_names)  # fmt: skip
+                      coarse, coarse_names, root)  # fmt: skip
 
 
 @register_dataset("csv", needs_data_root=True)

@@ -15,11 +15,16 @@ runs/<protocol>/<method>/seed<k>.embeddings/ holds
                    the run's own scorer ranked them (euclidean or learned); k = max(10, the
                    largest recall K), at most the gallery
   average_precision.npy   float64 [Q], each query's MAP@R (NaN: a query alone in its class)
+  paths.txt        each row's image file, one a line (UTF-8, line i+1 for row i), relative to
+                   the dataset's root as its `files` name them (harness.data.LabelledImages);
+                   only for a dataset read from files (none for rendered glyphs)
   embeddings.json  protocol, method, seed, the metric options (recall_ks, metrics, k-means
                    convention and seed), how the run ranked (`ranking`: euclidean or
                    learned_scorer), `neighbours` (k) and `average_precision` ("map@r")
 No metric uses coarse labels, so none are saved. Format 1 (before indices, neighbours and
-average_precision) still loads; those three are then None.
+average_precision) still loads; those three are then None. paths.txt is optional within
+format 2 (a folder without it, or a dataset without files, has `paths` None): the metadata's
+`files` lists it when it was written, and a folder whose metadata lists it must have it.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +50,14 @@ from harness.evaluate.score import Evaluation, metric_names
 from harness.evaluate.scoring import retrieval_record
 from harness.records import write_bytes_atomic
 
+log = logging.getLogger(__name__)
+
 FORMAT = 2
 READABLE_FORMATS = (1, 2)  # format 1: without indices, neighbours and average_precision
 METADATA = "embeddings.json"
 FLAGS = ("is_query", "is_gallery")
 RETRIEVED = ("neighbours", "average_precision")  # one row per query, not per saved row
+PATHS = "paths.txt"  # each row's image file, one a line; optional (datasets read from files)
 
 
 @dataclass
@@ -63,6 +73,7 @@ class SavedEmbeddings:
     indices: np.ndarray | None = None  # int64 [N] into the protocol's dataset (format 2)
     neighbours: np.ndarray | None = None  # int64 [Q, k] gallery positions (format 2)
     average_precision: np.ndarray | None = None  # float64 [Q], MAP@R (format 2)
+    paths: list[str] | None = None  # [N] each row's image file, relative to the data's root
 
     @property
     def learned_scorer(self) -> bool:
@@ -94,11 +105,13 @@ class SavedEmbeddings:
 def from_evaluation(
     ctx: RunContext, result: Evaluation, query_labels: np.ndarray,
     gallery_labels: np.ndarray | None, run: dict[str, Any], indices: np.ndarray | None = None,
+    paths: Sequence[str] | None = None,
 ) -> SavedEmbeddings:  # fmt: skip
     """A finished run's test embeddings as they are saved: the evaluated rows (queries, then
     the gallery), and the metadata `evaluate DIR` needs to score them as the run did. `run`:
     who made them (protocol, method, seed); `indices`: each row's index into the protocol's
-    dataset; the result's neighbours and per-query MAP@R when it kept them."""
+    dataset; `paths`: each row's image file (None: the images are not read from files); the
+    result's neighbours and per-query MAP@R when it kept them."""
     if result.embeddings is None:
         raise HarnessError("the evaluation kept no embeddings to save")
     rows = [result.embeddings]
@@ -118,6 +131,7 @@ def from_evaluation(
         saved.neighbours = np.asarray(result.neighbours, dtype=np.int64)
     if result.average_precision is not None:
         saved.average_precision = np.asarray(result.average_precision, dtype=np.float64)
+    saved.paths = _row_paths(paths, len(saved.labels))
     evaluation = ctx.protocol.evaluation
     saved.meta = {
         "format": FORMAT, **run, "seed": ctx.seed,
@@ -126,13 +140,30 @@ def from_evaluation(
         "recall_ks": list(evaluation.recall_ks), "metrics": metric_names(ctx.protocol),
         "clustering": evaluation.clustering, "kmeans_seed": ctx.seed, "device": str(ctx.device),
         "ranking": retrieval_record(ctx.protocol, result.pair_scores),
-        "files": [f"{name}.npy" for name in saved.arrays()],
+        "files": [f"{name}.npy" for name in saved.arrays()]
+                 + ([PATHS] if saved.paths is not None else []),
     }  # fmt: skip
     if saved.neighbours is not None:
         saved.meta["neighbours"] = int(saved.neighbours.shape[1])
     if saved.average_precision is not None:
         saved.meta["average_precision"] = AVERAGE_PRECISION
     return saved
+
+
+def _row_paths(paths: Sequence[str] | None, rows: int) -> list[str] | None:
+    """The rows' paths as paths.txt holds them, or None (with a warning) when they cannot be
+    one a line: not one per row, or a path with a line break (the run is kept either way)."""
+    if paths is None:
+        return None
+    out = [str(p) for p in paths]
+    if len(out) != rows:
+        log.warning("not saving %s: %d paths for %d rows", PATHS, len(out), rows)
+        return None
+    broken = next((p for p in out if "\n" in p or "\r" in p), None)
+    if broken is not None:
+        log.warning("not saving %s: the path %r has a line break", PATHS, broken)
+        return None
+    return out
 
 
 def write_embeddings(folder: Path, saved: SavedEmbeddings) -> dict[str, Any]:
@@ -151,6 +182,8 @@ def write_embeddings(folder: Path, saved: SavedEmbeddings) -> dict[str, Any]:
             buffer = io.BytesIO()
             np.save(buffer, array, allow_pickle=False)
             files[f"{name}.npy"] = _write(staging / f"{name}.npy", buffer.getvalue())
+        if saved.paths is not None:
+            files[PATHS] = _write(staging / PATHS, _paths_text(saved.paths))
         text = json.dumps(saved.meta, indent=2) + "\n"
         files[METADATA] = _write(staging / METADATA, text.encode("utf-8"))
         if folder.exists():
@@ -160,6 +193,12 @@ def write_embeddings(folder: Path, saved: SavedEmbeddings) -> dict[str, Any]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return {"path": folder.name, "files": files}
+
+
+def _paths_text(paths: list[str]) -> bytes:
+    """paths.txt's bytes: one path a line, UTF-8 (a file name that is not valid UTF-8 keeps
+    its own bytes)."""
+    return "".join(f"{p}\n" for p in paths).encode("utf-8", "surrogateescape")
 
 
 def _write(path: Path, data: bytes) -> str:
@@ -194,6 +233,7 @@ def load_embeddings(folder: Path) -> SavedEmbeddings:
     for name in ("indices", *RETRIEVED):  # format 2; absent from a format-1 folder
         if meta.get("format", 1) >= 2 or (folder / f"{name}.npy").is_file():
             setattr(saved, name, _array(folder, name))
+    saved.paths = _read_paths(folder, meta)
     _check_rows(folder, saved)
     _check_retrieved(folder, saved)
     return saved
@@ -217,6 +257,21 @@ def _metadata(folder: Path) -> dict[str, Any]:
     return meta
 
 
+def _read_paths(folder: Path, meta: dict[str, Any]) -> list[str] | None:
+    """paths.txt's lines, or None for a folder without it (one whose metadata lists it must
+    have it)."""
+    path = folder / PATHS
+    if not path.is_file():
+        if PATHS in (meta.get("files") or []):
+            raise HarnessError(f"{folder} has no {PATHS}; rerun with --save-embeddings --force")
+        return None
+    try:
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
+    except OSError as exc:
+        raise HarnessError(f"cannot read {path} ({exc})") from None
+    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+
+
 def _array(folder: Path, name: str) -> np.ndarray:
     path = folder / f"{name}.npy"
     try:
@@ -236,6 +291,10 @@ def _check_rows(folder: Path, saved: SavedEmbeddings) -> None:
         if name not in ("embeddings", *RETRIEVED) and (array.ndim != 1 or len(array) != n):
             raise HarnessError(f"{folder}: embeddings.npy has {n} rows but {name}.npy has shape "
                                f"{array.shape}; they must have one entry per row")  # fmt: skip
+    if saved.paths is not None and len(saved.paths) != n:
+        lines = f"{len(saved.paths)} line{'s' if len(saved.paths) != 1 else ''}"
+        raise HarnessError(f"{folder}: embeddings.npy has {n} rows but {PATHS} has {lines}; "
+                           "it must have one path per row")  # fmt: skip
     for name in ("labels", "indices"):
         array = getattr(saved, name)
         if array is not None and array.dtype.kind not in "iu":

@@ -5,7 +5,9 @@ images does (omniglot's handwriting), its verdicts say something beyond glyphs. 
 full-budget protocols that share at least MIN_SHARED methods is compared on the methods both
 ran: Kendall's tau-b of the mean main metrics (1: the same order, 0: unrelated, -1:
 reversed) with its two-sided p-value (scipy's exact test when there are no ties), and the
-methods whose rank moved most.
+methods whose rank moved most. A protocol joins as soon as it has results: a pretrained one
+(e.g. birds, real photographs) is compared with each protocol trained from scratch, each on
+its own main metric; runs of two versions of one protocol are two protocols here.
 """
 
 from __future__ import annotations
@@ -60,14 +62,27 @@ def agreement_rows(groups: dict[str, list[RunResult]]) -> list[dict[str, str]]:
     return rows
 
 
+def protocol_groups(runs: list[RunResult]) -> dict[str, list[RunResult]]:
+    """The full-budget (no --max-steps), paper-default runs of each protocol, by its name;
+    a protocol with runs of several versions (hashes) gives one group per version, named
+    `name v2 (hash)`, as the leaderboard gives each its own table: their numbers are never
+    pooled into one ranking."""
+    by_key: dict[tuple[str, int, str], list[RunResult]] = {}
+    for r in runs:
+        if r.training.max_steps is None and not r.tuning:
+            key = (r.protocol.name, r.protocol.version, r.protocol.hash)
+            by_key.setdefault(key, []).append(r)
+    versions: dict[str, int] = {}
+    for name, _, _ in by_key:
+        versions[name] = versions.get(name, 0) + 1
+    return {name if versions[name] == 1 else f"{name} v{version} ({hash_})": group
+            for (name, version, hash_), group in by_key.items()}  # fmt: skip
+
+
 def agreement_section(runs: list[RunResult]) -> str:
     """The leaderboard's section on ranking agreement ('' when no two protocols share enough
     methods). Only full-budget runs (no --max-steps) and the paper-default rows take part."""
-    groups: dict[str, list[RunResult]] = {}
-    for r in runs:
-        if r.training.max_steps is None and not r.tuning:
-            groups.setdefault(r.protocol.name, []).append(r)
-    rows = agreement_rows(groups)
+    rows = agreement_rows(protocol_groups(runs))
     if not rows:
         return ""
     table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,

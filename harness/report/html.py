@@ -40,7 +40,7 @@ from harness.report.leaderboard import (
 )
 from harness.report.markup import GENERATOR, html_page, inline, markdown_html, table_html
 from harness.report.reference import reference_section
-from harness.report.verdicts import row_names
+from harness.report.verdicts import row_names, zero_shot_label, zero_shot_row
 
 log = logging.getLogger("harness")
 
@@ -179,7 +179,7 @@ def _protocol_section(
     if paper_md:
         text = text.replace(paper_md, "", 1)
     heading, text = text.strip().split("\n", 1)
-    names = row_names(group)
+    names = _shown_names(group)
     row_page: dict[str, str] = {}
     for r in group:
         row_page.setdefault(names[id(r)], pages[id(r)])
@@ -203,6 +203,13 @@ def _protocol_section(
         item += f' (<a href="#{paper_id}">paper vs reproduction</a>)'
     body += [markdown_html(text, link, hook, used), "</section>"]
     return item + "</li>", "\n".join(body)
+
+
+def _shown_names(group: list[RunResult]) -> dict[int, str]:
+    """Each run's row as the leaderboard's main table names it (row_names, with the zero-shot
+    row of a pretrained protocol labelled so)."""
+    names, zero = row_names(group), zero_shot_row(group)
+    return {key: zero_shot_label(name) if name == zero else name for key, name in names.items()}
 
 
 def _extra_sections(
@@ -274,7 +281,7 @@ def _method_page(build: _Build, folder_runs: list[_Run], frames: dict[Any, pd.Da
     groups = _groups(all_results)
     mine = {id(r) for r in results}
     for key, group in sorted(groups.items(), key=str):
-        rows = {row_names(group)[id(r)] for r in group if id(r) in mine}
+        rows = {_shown_names(group)[id(r)] for r in group if id(r) in mine}
         if not rows:
             continue
         frame = frames.setdefault(key, leaderboard_frame(group))

@@ -34,11 +34,21 @@ from harness.records import (
     write_text_atomic,
 )
 from harness.report.agreement import agreement_section
+from harness.report.claims import claims_section
 from harness.report.cost_tables import cost_section
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.reference import reference_section
+from harness.report.trunk import trunk_lines
 from harness.report.tuned import tuned_section
-from harness.report.verdicts import against_best, main_metric, per_seed, row_names
+from harness.report.verdicts import (
+    against,
+    against_best,
+    main_metric,
+    per_seed,
+    row_names,
+    zero_shot_label,
+    zero_shot_row,
+)
 
 METRIC_ORDER = ("recall@", "precision@1", "r_precision", "map@r", "map", "nmi", "f1", "lda")
 
@@ -135,12 +145,13 @@ def leaderboard_frame(
            for method, group in df.groupby("method", sort=False)]  # fmt: skip
     if not parts and main in metrics:
         _mark_against_best(out, runs, main)
+        _mark_against_zero_shot(out, runs, main)
     if ranked:  # complete rows first, each part best first (stable: ties keep their order)
         out.sort(key=lambda line: (not line["_complete"], -_finite(line["_sort"])))
     table = pd.DataFrame(out).drop(columns=["_sort", "_complete"])
     if parts:  # the bootstrap was made for the whole embedding, not for each part
         table = table.drop(columns=[c for c in table.columns if c.startswith("test-set")])
-    first = ["method", "seeds", *[c for c in table.columns if c.startswith("vs best")]]
+    first = ["method", "seeds", *[c for c in table.columns if c.startswith("vs ")]]
     if metrics:
         main_col = next(c for c in table.columns if c.startswith(metrics[0]))
         first += [main_col, *[c for c in table.columns if c.startswith("test-set")]]
@@ -195,6 +206,38 @@ def _mark_against_best(lines: list[dict[str, Any]], runs: list[RunResult], main:
     _, marks = against_best(values)
     for line in lines:
         line[f"vs best ({main})"] = marks.get(line["method"], "incomplete: untested")
+
+
+def _mark_against_zero_shot(lines: list[dict[str, Any]], runs: list[RunResult], main: str) -> None:
+    """Under a pretrained backbone with a zero-shot row (verdicts.zero_shot_row): the `vs
+    zero-shot` column, each complete row tested against it as `vs best` tests against the
+    best, and that row named `<row> (zero-shot)`."""
+    zero = zero_shot_row(runs)
+    if zero is None:
+        return
+    complete = {line["method"] for line in lines if line["_complete"]}
+    values = {n: v for n, v in per_seed(runs, main).items() if n in complete}
+    marks = against(values, zero, "zero-shot") if zero in values else {}
+    for line in lines:
+        untested = "untested: zero-shot incomplete" if line["_complete"] else "incomplete: untested"
+        line[f"vs zero-shot ({main})"] = marks.get(line["method"], untested)
+        if line["method"] == zero:
+            line["method"] = zero_shot_label(zero)
+
+
+def _zero_shot_lines(group: list[RunResult]) -> list[str]:
+    """The sentence above a table with a zero-shot row; none for other tables."""
+    zero = zero_shot_row(group)
+    if zero is None:
+        return []
+    return [
+        f"`{zero_shot_label(zero)}` is the pretrained backbone's own features: it trained no "
+        "step, no metric learning. `vs zero-shot` tests each complete row against it on the "
+        "main metric as `vs best` does (paired t-test over seeds, Benjamini-Hochberg over the "
+        "rows): `above` or `below` where the difference is significant at 5 %, `≈ zero-shot` "
+        "where the seeds cannot tell the two apart.",
+        "",
+    ]  # fmt: skip
 
 
 def _diagnostics_table(runs: list[RunResult]) -> str:
@@ -289,10 +332,10 @@ def _protocol_lines(key: tuple[str, int, str, Any], group: list[RunResult]) -> l
     title = f"## {name} (protocol v{version}, hash `{hash_}`)"
     if max_steps is not None:
         title += f" — shortened to {max_steps} steps, not comparable to full runs"
-    lines = ["", title, "", *paper_comparison(group), *tuned_section(group)]
+    lines = ["", title, "", *trunk_lines(group), *paper_comparison(group), *tuned_section(group)]
     if any(r.tuning for r in group):
         lines += ["### Every run of the protocol", ""]
-    lines += [_table(group), ""]
+    lines += [*_zero_shot_lines(group), _table(group), "", *claims_section(group)]
     parts = _parts_table(group)
     if parts:
         lines += ["Parts of composite embeddings, each part scored alone as `method / part`:",

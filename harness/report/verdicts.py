@@ -1,6 +1,7 @@
 """Which method is better, and how sure: per-seed values of a metric from result files, the
 comparison of two methods (`harness compare`), and the leaderboard's marks of the methods not
-significantly different from the best (tests against the best's seeds, Benjamini-Hochberg)."""
+significantly different from the best (tests against the best's seeds, Benjamini-Hochberg)
+and, under a pretrained backbone, above or below the zero-shot row (the same tests)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,52 @@ def against_best(values: dict[str, dict[int, float]]) -> tuple[str | None, dict[
         else:
             marks[name] = f"below (p = {p:.2g})"
     return best, marks
+
+
+def pretrained(runs: list[RunResult]) -> bool:
+    """Whether the runs' protocol starts from pretrained weights (backbone.pretrained)."""
+    content = (runs[0].protocol.content or {}) if runs else {}
+    return ((content.get("backbone") or {}).get("pretrained") or "none") != "none"
+
+
+def zero_shot_row(runs: list[RunResult]) -> str | None:
+    """Under a pretrained backbone, the row whose finished runs trained no step: the
+    pretrained network's own features with no metric learning, which a method has to beat.
+    None for a protocol trained from scratch, or unless exactly one row is such."""
+    if not pretrained(runs):
+        return None
+    names = row_names(runs)
+    steps: dict[str, set[int | None]] = {}
+    for r in runs:
+        if r.ok:
+            steps.setdefault(names[id(r)], set()).add(r.training.steps)
+    rows = [name for name, s in steps.items() if s == {0}]
+    return rows[0] if len(rows) == 1 else None
+
+
+def zero_shot_label(row: str) -> str:
+    """How the leaderboard names the zero-shot row: `row (zero-shot)`."""
+    return f"{row} (zero-shot)"
+
+
+def against(
+    values: dict[str, dict[int, float]], reference: str, label: str
+) -> dict[str, str]:  # fmt: skip
+    """Per row, a mark against the `reference` row, by the tests of `against_best` (p-values
+    Benjamini-Hochberg-adjusted over the rows): `above (p = …)` or `below (p = …)` where
+    the test rejects at 5 %, `≈ {label} (p = …)` where it does not, `{label}` for the
+    reference itself, `n seed: untested` where a side has one seed."""
+    tests = {n: compare(v, values[reference]) for n, v in values.items() if n != reference and v}
+    adjusted = benjamini_hochberg({n: c.p for n, c in tests.items()})
+    marks = {reference: label}
+    for name, p in adjusted.items():
+        if math.isnan(p):
+            marks[name] = f"{min(len(values[name]), len(values[reference]))} seed: untested"
+        elif p >= ALPHA:
+            marks[name] = f"≈ {label} (p = {p:.2g})"
+        else:
+            marks[name] = f"{'above' if tests[name].difference > 0 else 'below'} (p = {p:.2g})"
+    return marks
 
 
 def describe(c: Comparison, scale: float = 100.0) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 import harness
+from harness.backbones import starting_weights
 from harness.core import MethodSpec, Protocol, RunContext
 from harness.data import LabelledImages, Split
 from harness.evaluate import Evaluation, SavedEmbeddings, retrieval_record, write_embeddings
@@ -36,7 +37,7 @@ def new_result(spec: RunSpec, method_spec: MethodSpec) -> RunResult:
     """What a run is before it starts: protocol, method, seed, the sweep's seeds, budget, the
     weights file it starts from (with its sha256, so a changed file is another run)."""
     protocol = spec.parsed_protocol
-    weights_file = spec.weights or protocol.backbone.weights_file
+    weights_file = starting_weights(protocol.backbone, spec.weights)
     return RunResult(
         status="running",
         protocol=ProtocolInfo(protocol.name, protocol.version, protocol.hash, protocol.path,

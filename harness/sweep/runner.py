@@ -18,7 +18,14 @@ import numpy as np
 import torch
 
 from harness.core import METHODS, RunContext, TrainingFailed, current
-from harness.data import LabelledImages, Split, check_trainable, decoded_by, prepare_data
+from harness.data import (
+    LabelledImages,
+    Split,
+    check_trainable,
+    decoded_by,
+    on_device,
+    prepare_data,
+)
 from harness.evaluate import (
     Evaluation,
     SavedEmbeddings,
@@ -39,7 +46,7 @@ from harness.sweep.record import (
 )
 from harness.sweep.spec import RunSpec, resolve, resolve_all, run_context
 from harness.sweep.tracked import log_result, tracked
-from harness.train import Checkpoint, EpochHooks, Model, train_model
+from harness.train import Checkpoint, EpochHooks, Model, train_model, with_cached_features
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +152,8 @@ def _saved(
     spec: RunSpec, ctx: RunContext, result: Evaluation, data: LabelledImages, split: Split
 ) -> SavedEmbeddings:
     """The test embeddings `--save-embeddings` keeps, with the labels of the rows evaluated
-    (the queries, then the gallery when the split has one)."""
+    (the queries, then the gallery when the split has one), each row's index into the data
+    and, for data read from files, each row's file (paths.txt)."""
     has_gallery = len(split.gallery) > 0
     query = split.query if has_gallery else split.test
     protocol = ctx.protocol
@@ -153,13 +161,29 @@ def _saved(
            "method": spec.method, "run_name": spec.run_name}  # fmt: skip
     gallery_labels = data.labels[split.gallery] if has_gallery else None
     indices = np.concatenate([query, split.gallery]) if has_gallery else query
-    return from_evaluation(ctx, result, data.labels[query], gallery_labels, run, indices)
+    paths = _row_files(data, indices)
+    return from_evaluation(ctx, result, data.labels[query], gallery_labels, run, indices, paths)
+
+
+def _row_files(data: LabelledImages, indices: np.ndarray) -> list[str] | None:
+    """The files of the items at `indices` (None when the data names none, or names a
+    number of files other than its items: then no row can be trusted to name its image)."""
+    files = data.files
+    if files is None:
+        return None
+    if len(files) != len(data.labels):
+        log.warning("the dataset names %d files for %d images: not saving paths.txt",
+                    len(files), len(data.labels))  # fmt: skip
+        return None
+    return [files[int(i)] for i in indices]
 
 
 def _data(ctx: RunContext) -> tuple[LabelledImages, Split]:
-    """The protocol's data (its image files decoded by the run's decoder) and split."""
+    """The protocol's data (its image files decoded by the run's decoder; a frozen trunk's
+    cached outputs in their place under protocol `features:`) and split."""
     prepared = prepare_data(ctx.protocol, ctx.data_root)
-    return decoded_by(prepared.data, ctx.decoder, ctx.device, ctx.protocol), prepared.split
+    data = on_device(decoded_by(prepared.data, ctx.decoder, ctx.device, ctx.protocol), ctx.device)
+    return with_cached_features(ctx, data, prepared.split), prepared.split
 
 
 def _evaluate(
@@ -182,7 +206,7 @@ def _evaluate(
 def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
     """Run specs in order; one failed run does not stop the others. Returns counts by status."""
     specs = resolve_all(specs)
-    prepare_all(specs)
+    prepare_all(specs, progress)
     counts: dict[str, int] = {}
     for n, spec in enumerate(specs, 1):
         start = time.perf_counter()
@@ -194,10 +218,14 @@ def sweep(specs: list[RunSpec], progress: bool = True) -> dict[str, int]:
     return counts
 
 
-def prepare_all(specs: list[RunSpec]) -> None:
+def prepare_all(specs: list[RunSpec], progress: bool = False) -> None:
     """Each protocol's data built and checked once, before the first run takes a lock or makes
     a folder: nothing is trained on data with missing files, a class in both parts of a fixed
-    split or a class with fewer than K training images (prepare_data caches what it built)."""
+    split or a class with fewer than K training images (prepare_data caches what it built),
+    and a frozen trunk's feature cache is built (or checked and loaded) from weights that
+    load."""
     distinct = {(s.parsed_protocol.hash, s.data_root): s for s in specs}  # once per protocol
     for spec in distinct.values():
         check_trainable(prepare_data(spec.parsed_protocol, spec.data_root), spec.parsed_protocol)
+        if spec.parsed_protocol.features.cached:
+            _data(run_context(spec, progress))

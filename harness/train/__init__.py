@@ -10,6 +10,7 @@ from harness.train.distributed import (
     gather,
     gather_embedded,
 )
+from harness.train.features import with_cached_features
 from harness.train.fit import train_model
 from harness.train.loop import (
     LOSS_READBACK_STEPS,
@@ -87,5 +88,6 @@ __all__ = [
     "total_steps",
     "train",
     "train_model",
+    "with_cached_features",
     "trainable_modules",
 ]

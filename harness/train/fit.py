@@ -34,7 +34,7 @@ def train_model(
     kept. Raises TrainingFailed."""
     labels = data.labels[train_idx]
     model = build_model(
-        ctx, method_name, hyperparameters, in_channels=data.images.shape[1],
+        ctx, method_name, hyperparameters, in_channels=getattr(data.images, "in_channels", data.images.shape[1]),
         num_classes=len(np.unique(labels)),
         num_coarse_classes=len(data.coarse_names) if data.coarse_names else None,
     )  # fmt: skip

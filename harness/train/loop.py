@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from harness.core import HarnessError, Protocol, RunContext, TrainingFailed
 from harness.data import Augment, Feeder, TrainPipeline, default_workers, worker_death
+from harness.data.cached import ViewPicker
 from harness.train.distributed import check_same_step, convert_batchnorm
 from harness.train.model import Model
 from harness.train.state import Checkpoint, TrainingState, TrainStats, lr_factor
@@ -321,8 +322,11 @@ def train(
     return session.state.stats
 
 
-def train_augmentation(ctx: RunContext) -> TrainPipeline | None:
-    """The protocol's train augmentation for this run's seed (None when it has none)."""
+def train_augmentation(ctx: RunContext) -> Augment | None:
+    """The protocol's train augmentation for this run's seed (None when it has none); under a
+    frozen, cached trunk, the choice of one cached view per image."""
+    if ctx.protocol.features.cached:
+        return ViewPicker(ctx.seed)
     ops = ctx.protocol.augmentation.train
     return TrainPipeline(ops, ctx.seed) if ops else None
 

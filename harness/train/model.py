@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.backbones import Backbone, build_backbone
+from harness.backbones import Backbone, FrozenTrunkTail, build_backbone
 from harness.core import METHODS, Method, MethodContext, RunContext
 
 
@@ -52,12 +52,16 @@ def build_method(
 
 def build_seeded_backbone(ctx: RunContext, in_channels: int) -> Backbone:
     """Seed (see seed_everything), then the protocol's backbone on the run's device; the
-    context's `weights` (a local ImageNet weights file) overrides backbone.weights_file."""
+    context's `weights` (a local ImageNet weights file) overrides backbone.weights_file.
+    Under a frozen, cached trunk (protocol `features:`) only the stages after it."""
     seed_everything(ctx.seed)  # the same backbone initialisation for every method
     spec = ctx.protocol.backbone
     if ctx.weights:
         spec = dataclasses.replace(spec, weights_file=ctx.weights)
-    return build_backbone(spec, in_channels).to(ctx.device)
+    backbone = build_backbone(spec, in_channels)
+    if ctx.protocol.features.cached:
+        backbone = FrozenTrunkTail(backbone, ctx.protocol.features.frozen_stages)
+    return backbone.to(ctx.device)
 
 
 def build_model(

@@ -16,7 +16,7 @@ from harness.core import HarnessError, Protocol, RunContext, TrainingFailed, res
 from harness.data import Split, prepare_data
 from harness.evaluate import selection_score
 from harness.records import NO_TRACKING, Tracker, TrackerConfig, open_tracker
-from harness.train import EpochHooks, train_model
+from harness.train import EpochHooks, train_model, with_cached_features
 
 # a trial stops when its validation from epoch 4 on is below the median of the trials before
 # it at the same epoch, once 3 trials have finished (earlier epochs rank configurations by
@@ -73,7 +73,7 @@ class Trainer:
         ctx = RunContext(self.protocol, self.protocol.seeds[0], resolve_device(self.device),
                          max_steps=self.max_steps, data_root=self.data_root)  # fmt: skip
         prepared = prepare_data(self.protocol, self.data_root)
-        data = prepared.data
+        data = with_cached_features(ctx, prepared.data, prepared.split)
         scores = []
         for fold, (train_idx, val_idx) in enumerate(class_folds(prepared.split, data.labels,
                                                                 self.folds)):  # fmt: skip

@@ -1,0 +1,127 @@
+"""cub100: 5,902 photos of 100 bird species of CUB-200-2011, cropped to the bird, 227 x 227.
+
+Reads `cub100.zip` (sha256 CUB100_SHA256) from --data-root, by default `../shared/data/cub100`
+beside this clone. The archive holds `bird_dataset/` as the public GitHub repository
+serizba/vision publishes it (path ex03/task2/bird_dataset): `images/<Species>/<NNNN>.jpg`
+and CUB's index files, comma-separated and numbered from 0 (`classes.txt`, `images.txt`,
+`image_class_labels.txt`). Its `train_test_split.txt` splits within classes (classification)
+and is not used: class names carry CUB's class order as a zero-padded prefix
+(`000.Black_footed_Albatross`), so the protocol's sorted split trains on the first 50
+species and tests on the other 50, as the seed papers split the full CUB-200-2011.
+
+Every photo is decoded once into memory (uint8, 0.9 GB for all of them): all are 227 x 227.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from harness.core import HarnessError
+from harness.core.paths import PROTOCOL_DIR
+from harness.data.base import LabelledImages, register_dataset
+
+ARCHIVE = "cub100.zip"
+CUB100_SHA256 = "483798f945ad93a5be92ef60ee4369440e1352dcb1e0e7775f6ecd22bfa5b297"
+FOLDER = "bird_dataset"
+SIZE = 227
+# the clone's sibling shared/data/cub100 (PROTOCOL_DIR is <clone>/protocols)
+DEFAULT_ROOT = PROTOCOL_DIR.parent.parent / "shared" / "data" / "cub100"
+HOW_TO_GET = (
+    f"{ARCHIVE} is bird_dataset/ of the public GitHub repository serizba/vision (path "
+    "ex03/task2/bird_dataset, commit 16a8a47) zipped: `git clone https://github.com/serizba/"
+    f"vision && cd vision/ex03/task2 && zip -qr {ARCHIVE} bird_dataset`, then pass "
+    "--data-root with the folder holding it"
+)
+
+
+def find_archive(data_root: Path | None) -> Path:
+    """The archive under data_root (default DEFAULT_ROOT), or a one-line error saying how to
+    get it."""
+    root = Path(data_root) if data_root is not None else DEFAULT_ROOT
+    where = "--data-root" if data_root is not None else "the default data root"
+    path = root / ARCHIVE
+    if not path.is_file():
+        raise HarnessError(f"cub100: no {ARCHIVE} in {where} {root}; {HOW_TO_GET}")
+    return path
+
+
+def check_archive(path: Path) -> None:
+    """The archive must be the published one: a truncated or other file is refused."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != CUB100_SHA256:
+        raise HarnessError(
+            f"cub100: {path} has sha256 {digest.hexdigest()[:16]}..., not the published "
+            f"{CUB100_SHA256[:16]}... (truncated, or another file); {HOW_TO_GET}"
+        )
+
+
+def _index(archive: zipfile.ZipFile, name: str) -> dict[int, str]:
+    try:
+        text = archive.read(f"{FOLDER}/{name}").decode("utf-8")
+    except KeyError:
+        raise HarnessError(f"cub100: the archive has no {FOLDER}/{name}; {HOW_TO_GET}") from None
+    rows = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            key, _, value = line.partition(",")
+            try:
+                rows[int(key)] = value.strip()
+            except ValueError:
+                raise HarnessError(f"cub100: {FOLDER}/{name}:{n}: bad line {line!r}") from None
+    return rows
+
+
+def _decode(data: bytes, where: str) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            pixels = np.asarray(image.convert("RGB"))
+    except Exception as exc:
+        raise HarnessError(f"cub100: cannot decode {where} ({exc})") from None
+    if pixels.shape != (SIZE, SIZE, 3):
+        raise HarnessError(f"cub100: {where} is {pixels.shape[1]}x{pixels.shape[0]}, not {SIZE}")
+    return pixels.transpose(2, 0, 1)
+
+
+@register_dataset("cub100")  # --data-root is optional: DEFAULT_ROOT
+def build(data_root: Path | None, cache_dir: Path) -> LabelledImages:
+    """The 100 species in CUB's class order (see the module docstring)."""
+    path = find_archive(data_root)
+    check_archive(path)
+    with zipfile.ZipFile(path) as archive:
+        classes, files = _index(archive, "classes.txt"), _index(archive, "images.txt")
+        label_of = _index(archive, "image_class_labels.txt")
+        ids = sorted(files)
+        images = np.empty((len(ids), 3, SIZE, SIZE), dtype=np.uint8)
+        for row, image_id in enumerate(ids):
+            member = f"{FOLDER}/images/{files[image_id]}"
+            try:
+                data = archive.read(member)
+            except KeyError:
+                raise HarnessError(f"cub100: images.txt names {member}, which the archive "
+                                   "does not hold") from None  # fmt: skip
+            images[row] = _decode(data, f"{path}:{member}")
+    order = {c: n for n, c in enumerate(sorted(classes))}
+    try:
+        labels = np.array([order[int(label_of[i])] for i in ids], dtype=np.int64)
+    except (KeyError, ValueError):
+        raise HarnessError("cub100: image_class_labels.txt names a class or image that "
+                           "classes.txt or images.txt does not hold") from None  # fmt: skip
+    names = [f"{c:03d}.{classes[c]}" for c in sorted(classes)]
+    return LabelledImages(
+        images=torch.from_numpy(images),
+        labels=labels,
+        class_names=names,
+        files=tuple(f"{FOLDER}/images/{files[i]}" for i in ids),  # inside the archive
+        source=f"cub100 from {path} ({len(names)} species, {len(ids)} photos, cropped, {SIZE} px)",
+    )

@@ -1,0 +1,179 @@
+"""The seed papers' claims that a protocol can test: one row per claimed ordering (`A > B`, A
+retrieves better), the paper's own recall@1 of both methods and what it was measured on, ours
+(the difference A - B over the seeds both ran, with its paired 95 % t-interval, in recall@1
+and MAP@R), and a verdict on recall@1: `holds` (A above B, significant), `reversed` (B above
+A, significant) or `cannot tell`, by the leaderboard's paired t-test with the p-values
+Benjamini-Hochberg-adjusted over the claims.
+
+The claims are data, `protocols/reference/claims.yaml` (they name methods, which the code does
+not): e.g. lifted structure above contrastive and triplet (Song et al. 2016, with PDDM's Table
+1 numbers on CUB-200), PDDM's quadruplet and score variants above lifted structure, HDC's
+cascade above each of its heads (the result's metrics_by_part), Karaman et al.'s two
+quadruplet selections above random selection. The section shows under a protocol on a
+pretrained backbone where both methods of at least one claim have finished runs; a claim with
+a method not run says which.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import Any
+
+import pandas as pd
+import yaml
+from tabulate import tabulate
+
+from harness.core import REFERENCE_FILE, HarnessError, benjamini_hochberg, compare, paper_results
+from harness.records import RunResult
+from harness.report.verdicts import ALPHA, pretrained, row_names
+
+CLAIMS_FILE = REFERENCE_FILE.parent / "claims.yaml"
+METRIC = "recall@1"  # what the papers' tables give, and what the verdict is on
+ALSO = "map@r"  # shown beside it
+EACH_PART = " / *"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """`better` retrieves better than `worse` (a row, or `row / part`: one part of a composite
+    embedding; `row / *` in the file stands for each part)."""
+
+    better: str
+    worse: str
+    who: str
+    where: str
+    numbers: tuple[str, str] | None = None  # (paper, dataset) in paper_results.yaml
+    text: str | None = None  # the paper's words, for a claim without numbers
+
+
+@cache
+def load_claims() -> tuple[Claim, ...]:
+    """The claims of protocols/reference/claims.yaml, in the file's order."""
+    try:
+        entries = yaml.safe_load(CLAIMS_FILE.read_text(encoding="utf-8"))["claims"]
+        return tuple(_claim(entry) for entry in entries)
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise HarnessError(f"cannot read the claims file {CLAIMS_FILE} ({exc!r})") from None
+
+
+def _claim(entry: dict[str, Any]) -> Claim:
+    numbers = entry.get("numbers")
+    return Claim(entry["better"], entry["worse"], entry["who"], entry["where"],
+                 (numbers["paper"], numbers["dataset"]) if numbers else None,
+                 entry.get("text"))  # fmt: skip
+
+
+def _values(
+    runs: list[RunResult], names: dict[int, str], side: str, metric: str
+) -> dict[int, float]:
+    """seed -> value of `side` (a row, or `row / part`) over its finished runs."""
+    row, _, part = side.partition(" / ")
+    out = {}
+    for r in runs:
+        if r.ok and names[id(r)] == row:
+            scores = (r.metrics_by_part or {}).get(part) if part else r.metrics
+            if scores and metric in scores:
+                out[r.seed] = float(scores[metric])
+    return out
+
+
+def _expanded(
+    claims: tuple[Claim, ...], runs: list[RunResult], names: dict[int, str]
+) -> list[Claim]:
+    """The claims with each `row / *` replaced by one claim per part the row's runs record
+    (kept as it is when they record none)."""
+    out = []
+    for claim in claims:
+        row = claim.worse.removesuffix(EACH_PART)
+        parts = sorted({part for r in runs if names[id(r)] == row
+                        for part in (r.metrics_by_part or {})})  # fmt: skip
+        if row == claim.worse or not parts:
+            out.append(claim)
+        else:
+            out += [replace(claim, worse=f"{row} / {part}") for part in parts]
+    return out
+
+
+def _published(claim: Claim) -> str:
+    """The paper's recall@1 of both methods (`47.2 vs 26.4`), or its words."""
+    if claim.numbers is None:
+        return f'"{claim.text}"' if claim.text else "-"
+    try:
+        _, table = paper_results(*claim.numbers)
+        return f"{table[claim.better][METRIC]} vs {table[claim.worse][METRIC]}"
+    except (KeyError, HarnessError):
+        return f"(not in {claim.numbers[0]} / {claim.numbers[1]})"
+
+
+def _difference(a: dict[int, float], b: dict[int, float]) -> str:
+    """a - b in points: `+3.1 [+0.5, +5.7]` (its 95 % interval), `-` when a side is empty."""
+    if not a or not b:
+        return "-"
+    c = compare(a, b)
+    if math.isnan(c.half_width):
+        return f"{100 * c.difference:+.1f} (1 seed)"
+    lo, hi = c.difference - c.half_width, c.difference + c.half_width
+    return f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def claim_rows(runs: list[RunResult]) -> list[dict[str, str]]:
+    """One row per claim (see the module's docstring); empty unless both methods of at least
+    one claim have finished runs here."""
+    runs = [r for r in runs if not r.tuning]  # the papers' claims are at their defaults
+    names = row_names(runs)
+    claims = _expanded(load_claims(), runs, names)
+    values = [[_values(runs, names, side, METRIC) for side in (c.better, c.worse)] for c in claims]
+    tests = {i: compare(a, b) for i, (a, b) in enumerate(values) if a and b}
+    if not tests:
+        return []
+    adjusted = benjamini_hochberg({str(i): c.p for i, c in tests.items()})
+    rows = []
+    for i, claim in enumerate(claims):
+        missing = [side for side, v in zip((claim.better, claim.worse), values[i], strict=True)
+                   if not v]  # fmt: skip
+        rows.append({
+            "claim": f"{claim.better} > {claim.worse}",
+            "whose": claim.who,
+            f"paper {METRIC} (%)": _published(claim),
+            "paper's data": claim.where,
+            f"ours: Δ {METRIC}": _difference(*values[i]),
+            f"ours: Δ {ALSO}": _difference(*[_values(runs, names, side, ALSO)
+                                             for side in (claim.better, claim.worse)]),
+            "verdict": (f"cannot tell (not run: {', '.join(missing)})" if missing
+                        else _verdict(tests[i].difference, adjusted[str(i)])),
+        })  # fmt: skip
+    return rows
+
+
+def _verdict(difference: float, p: float) -> str:
+    if math.isnan(p):
+        return "cannot tell (1 seed)"
+    if p >= ALPHA:
+        return f"cannot tell (p = {p:.2g})"
+    return f"{'holds' if difference > 0 else 'reversed'} (p = {p:.2g})"
+
+
+def claims_section(runs: list[RunResult]) -> list[str]:
+    """The protocol section's table of the seed papers' claims, under a pretrained backbone
+    (see the module's docstring); empty elsewhere."""
+    rows = claim_rows(runs) if runs and pretrained(runs) else []
+    if not rows:
+        return []
+    table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
+                     disable_numparse=True)  # fmt: skip
+    return [
+        "### What the seed papers claim, tested here", "",
+        f"Each row is an ordering a seed paper claims (`A > B`: A retrieves better), the "
+        f"paper's own {METRIC} of both methods (or its words) and what it was measured on, then "
+        f"ours: A − B in points over the seeds both ran, with its paired 95 % t-interval, in "
+        f"{METRIC} and {ALSO}. The verdict is on {METRIC}, by the paired t-test of `vs best`, "
+        "p-values Benjamini-Hochberg-adjusted over the claims: `holds` (A significantly above "
+        "B at 5 %), `reversed` (B significantly above A), `cannot tell` (the seeds cannot "
+        "order them, or a method has not run here). `method / head1` is one part of a "
+        "composite embedding scored alone. Our data, backbone and budget differ from each "
+        "paper's: a verdict says whether the ordering carries over, not whether the paper's "
+        "numbers reproduce.",
+        "", table, "",
+    ]  # fmt: skip

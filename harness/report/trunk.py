@@ -1,0 +1,28 @@
+"""The one line a leaderboard section gives a protocol whose trunk is frozen and cached
+(protocol `features:`): what never trains, how many views were cached and by what key."""
+
+from __future__ import annotations
+
+from harness.records import RunResult
+
+
+def trunk_lines(group: list[RunResult]) -> list[str]:
+    """[] unless the protocol freezes and caches a trunk."""
+    content = group[0].protocol.content or {}
+    features = content.get("features") or {}
+    if not features.get("frozen_stages"):
+        return []
+    frozen = int(features["frozen_stages"])
+    backbone = content.get("backbone") or {}
+    shas = sorted({(r.backbone_weights or {}).get("sha256", "?")[:12] for r in group})
+    return [
+        f"Frozen, cached trunk: stages 0-{frozen - 1} of {backbone.get('name', '?')} "
+        f"({backbone.get('pretrained', '?')} weights, sha256 {', '.join(shas)}...) never train; "
+        f"their outputs were computed once, {features.get('train_views')} views of each "
+        f"training image (the train augmentation, view seed {features.get('view_seed')}) and "
+        "the test view of every image, and cached under the weights' sha256 and the hash of "
+        f"the protocol's data, split, backbone, augmentation and features. Each run trains "
+        f"stage {frozen} onwards and the method's head; heads on stages before {frozen} (HDC's "
+        "shallower heads) learn on fixed features.",
+        "",
+    ]

@@ -1,0 +1,177 @@
+"""The feature cache of a frozen trunk (protocol `features:`): what makes a pretrained network
+fine-tunable on a CPU.
+
+The backbone's first `frozen_stages` stages never train, so their outputs are computed once:
+for every training image `train_views` views drawn by the protocol's train augmentation with
+the protocol's `view_seed`, and for every image its test view. A run then trains only the
+remaining stages and the head on them (harness.backbones.FrozenTrunkTail), drawing one
+cached view per image and step (harness.data.cached.ViewPicker).
+
+Like a result, the cache is keyed by everything that made it: the weights' sha256, the hash
+of the protocol's parts that decide the trunk's outputs (dataset, split, backbone,
+augmentation, features, precision: protocols that differ only in what trains after the trunk
+share a cache), the data's labels and training rows, the decoder, the device type and the
+machine fingerprint that decides float rounding, and FORMAT. The key is stored inside the file and
+checked on load; a file of another key, or one that cannot be read, is rebuilt, never reused.
+It is written atomically to `<cache dir>/features/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from harness.backbones import build_backbone, trunk_outputs, weights_sha256
+from harness.core import Protocol, RunContext, autocast, default_cache_dir
+from harness.data import LabelledImages, Split, TrainPipeline, for_test
+from harness.data.cached import CachedViews
+from harness.records import machine_fingerprint
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+BATCH = 16  # larger batches of 224 px images only add page faults on a CPU
+_LOADED: dict[Path, CachedViews] = {}  # the last cache used: a sweep's runs share it
+
+
+def trunk_content(protocol: Protocol) -> dict[str, Any]:
+    """The protocol's parts that decide the cached outputs (what trains after the trunk, the
+    sampler, optimizer, budget and seeds do not)."""
+    content = protocol.content()
+    keep = ("dataset", "split", "backbone", "augmentation", "features", "precision")
+    return {key: content[key] for key in keep if key in content}
+
+
+def cache_key(ctx: RunContext, data: LabelledImages, split: Split) -> dict[str, Any]:
+    """Everything that made the cache (stored in it and compared on load)."""
+    protocol = ctx.protocol
+    trunk = json.dumps(trunk_content(protocol), sort_keys=True, separators=(",", ":"))
+    labels = hashlib.sha256(np.ascontiguousarray(data.labels).tobytes()).hexdigest()[:16]
+    train = hashlib.sha256(np.ascontiguousarray(split.train).tobytes()).hexdigest()[:16]
+    return {
+        "format": FORMAT,
+        "trunk_hash": hashlib.sha256(trunk.encode()).hexdigest()[:16],
+        "weights_sha256": weights_sha256(protocol.backbone, ctx.weights),
+        "images": len(data),
+        "labels_sha256": labels,
+        "train_rows_sha256": train,
+        "frozen_stages": protocol.features.frozen_stages,
+        "train_views": protocol.features.train_views,
+        "view_seed": protocol.features.view_seed,
+        "decoder": ctx.decoder,
+        "device": ctx.device.type,
+        "machine": machine_fingerprint(ctx.device)["id"],
+    }
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return default_cache_dir() / "features" / f"trunk-{digest}.pt"
+
+
+def with_cached_features(ctx: RunContext, data: LabelledImages, split: Split) -> LabelledImages:
+    """`data` with its images replaced by the frozen trunk's cached outputs (loaded when a
+    cache of this very key exists, else computed and saved); `data` itself when the
+    protocol freezes nothing."""
+    if not ctx.protocol.features.cached:
+        return data
+    key = cache_key(ctx, data, split)
+    path = cache_path(key)
+    views = _LOADED.get(path) if path.is_file() else None
+    if views is None:
+        views = _load(path, key)
+        if views is None:
+            views = _compute(ctx, data, split)
+            _save(path, key, views)
+        _LOADED.clear()
+        _LOADED[path] = views
+    return dataclasses.replace(data, images=views)
+
+
+def _load(path: Path, key: dict[str, Any]) -> CachedViews | None:
+    if not path.is_file():
+        return None
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        if stored["key"] != key:
+            log.warning("feature cache %s was made with %s: rebuilding it", path,
+                        _differences(stored["key"], key))  # fmt: skip
+            return None
+        views = CachedViews(stored["test"], stored["train"], stored["train_row"].numpy())
+    except Exception as exc:  # a truncated or foreign file: rebuilt, never trusted
+        log.warning("feature cache %s cannot be read (%s): rebuilding it", path, exc)
+        return None
+    log.info("feature cache: loaded %s", path)
+    return views
+
+
+def _differences(old: Any, new: dict[str, Any]) -> str:
+    if not isinstance(old, dict):
+        return "no key"
+    return ", ".join(f"{k} {old.get(k)!r} (now {v!r})" for k, v in new.items() if old.get(k) != v)
+
+
+def _save(path: Path, key: dict[str, Any], views: CachedViews) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".part")
+    os.close(fd)
+    try:
+        torch.save({"key": key, "test": views.test, "train": views.train,
+                    "train_row": torch.from_numpy(views.train_row)}, tmp)  # fmt: skip
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    log.info("feature cache: saved %s (%.0f MB)", path, path.stat().st_size / 2**20)
+
+
+@torch.no_grad()
+def _compute(ctx: RunContext, data: LabelledImages, split: Split) -> CachedViews:
+    """The trunk's outputs, in eval mode (its BatchNorm statistics are ImageNet's)."""
+    protocol, features = ctx.protocol, ctx.protocol.features
+    spec = protocol.backbone
+    if ctx.weights:
+        spec = dataclasses.replace(spec, weights_file=ctx.weights)
+    backbone = build_backbone(spec, data.images.shape[1]).to(ctx.device).eval()
+    train_rows = np.sort(np.asarray(split.train, dtype=np.int64))
+    pipeline = TrainPipeline(protocol.augmentation.train, features.view_seed)
+    total = len(train_rows) * features.train_views + len(data)
+    bar = tqdm(total=total, desc=f"feature cache ({protocol.name})", unit="img",
+               disable=not ctx.progress)  # fmt: skip
+
+    def run(images: torch.Tensor) -> torch.Tensor:
+        x = backbone.prepare(images.to(ctx.device))
+        with autocast(ctx.device, protocol.precision):
+            out = trunk_outputs(backbone, x, features.frozen_stages)
+        bar.update(len(images))
+        return out.to("cpu", torch.float16)
+
+    test_images = for_test(data.images, protocol.augmentation, spec.input_size)
+    test = torch.cat([run(_loaded(test_images[s : s + BATCH])) for s in range(0, len(data), BATCH)])
+    train = []
+    for view in range(features.train_views):
+        chunks = []
+        for s in range(0, len(train_rows), BATCH):
+            rows = train_rows[s : s + BATCH]
+            images = _loaded(data.images[torch.from_numpy(rows)])
+            if protocol.augmentation.train:
+                images = pipeline(images, view, rows.tolist())  # generator (view_seed, view, row)
+            chunks.append(run(images))
+        train.append(torch.cat(chunks))
+    bar.close()
+    train_row = np.full(len(data), -1, dtype=np.int64)
+    train_row[train_rows] = np.arange(len(train_rows))
+    return CachedViews(test, torch.stack(train, dim=1), train_row)
+
+
+def _loaded(images: Any) -> torch.Tensor:
+    return images.load() if hasattr(images, "load") else images
