@@ -1,5 +1,5 @@
-"""tests/benchmarks/gpu_checks.sh, the GPU checks that a session with a lent GPU runs in two
-calls: every step the docs' GPU page names exists, the script parses, and two of its steps run
+"""tests/benchmarks/gpu_checks.sh, the GPU checks that a session with a lent GPU runs in
+three calls: every step the docs' GPU page names exists, the script parses, and two of its steps run
 on the CPU (DEVICE=cpu) and write their summary and archive. The whole script on the CPU takes
 about 9 minutes (docs/gpu.md); these cheap steps keep its plumbing honest in CI."""
 
@@ -29,9 +29,9 @@ def _steps() -> set[str]:
 def test_the_docs_call_only_steps_the_script_has():
     calls = re.findall(r"^bash tests/benchmarks/gpu_checks.sh ([\w ]+?)\s+#",
                        (REPO / "docs" / "gpu.md").read_text(), re.M)  # fmt: skip
-    assert len(calls) == 2
+    assert len(calls) == 3
     named = [step for call in calls for step in call.split()]
-    assert sorted(named) == sorted(_steps())  # every step, once, in the two calls
+    assert sorted(named) == sorted(_steps())  # every step, once, in the three calls
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
 
 

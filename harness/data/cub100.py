@@ -9,6 +9,11 @@ and is not used: class names carry CUB's class order as a zero-padded prefix
 (`000.Black_footed_Albatross`), so the protocol's sorted split trains on the first 50
 species and tests on the other 50, as the seed papers split the full CUB-200-2011.
 
+Coarse label: the kind of bird, the last word of the species' common name ("Warbler",
+"Woodpecker", "Grebe": 47 kinds, 29 among the training species), the two nightjars
+(Chuck-will's-widow, Whip-poor-will) as "Nightjar". Karaman et al.'s quadruplet selection
+needs such a second level, as its car type is for CARS196.
+
 Every photo is decoded once into memory (uint8, 0.9 GB for all of them): all are 227 x 227.
 """
 
@@ -32,6 +37,7 @@ FOLDER = "bird_dataset"
 SIZE = 227
 # the clone's sibling shared/data/cub100 (PROTOCOL_DIR is <clone>/protocols)
 DEFAULT_ROOT = PROTOCOL_DIR.parent.parent / "shared" / "data" / "cub100"
+NIGHTJARS = ("Chuck_will_Widow", "Whip_poor_Will")  # whose last word names no kind of bird
 HOW_TO_GET = (
     f"{ARCHIVE} is bird_dataset/ of the public GitHub repository serizba/vision (path "
     "ex03/task2/bird_dataset, commit 16a8a47) zipped: `git clone https://github.com/serizba/"
@@ -93,6 +99,11 @@ def _decode(data: bytes, where: str) -> np.ndarray:
     return pixels.transpose(2, 0, 1)
 
 
+def kind(species: str) -> str:
+    """The coarse label of a species: the kind of bird its common name ends with."""
+    return "Nightjar" if species in NIGHTJARS else species.split("_")[-1]
+
+
 @register_dataset("cub100")  # --data-root is optional: DEFAULT_ROOT
 def build(data_root: Path | None, cache_dir: Path) -> LabelledImages:
     """The 100 species in CUB's class order (see the module docstring)."""
@@ -118,10 +129,15 @@ def build(data_root: Path | None, cache_dir: Path) -> LabelledImages:
         raise HarnessError("cub100: image_class_labels.txt names a class or image that "
                            "classes.txt or images.txt does not hold") from None  # fmt: skip
     names = [f"{c:03d}.{classes[c]}" for c in sorted(classes)]
+    kinds = [kind(classes[c]) for c in sorted(classes)]
+    coarse_names = sorted(set(kinds))
+    coarse_of = np.array([coarse_names.index(k) for k in kinds], dtype=np.int64)
     return LabelledImages(
         images=torch.from_numpy(images),
         labels=labels,
         class_names=names,
+        coarse_labels=coarse_of[labels],
+        coarse_names=coarse_names,
         files=tuple(f"{FOLDER}/images/{files[i]}" for i in ids),  # inside the archive
         source=f"cub100 from {path} ({len(names)} species, {len(ids)} photos, cropped, {SIZE} px)",
     )

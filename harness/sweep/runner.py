@@ -8,6 +8,7 @@ same command again; a result that would be replaced is archived, never lost.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from harness.backbones import build_backbone, starting_weights
 from harness.core import METHODS, RunContext, TrainingFailed, current
 from harness.data import (
     LabelledImages,
@@ -222,10 +224,14 @@ def prepare_all(specs: list[RunSpec], progress: bool = False) -> None:
     """Each protocol's data built and checked once, before the first run takes a lock or makes
     a folder: nothing is trained on data with missing files, a class in both parts of a fixed
     split or a class with fewer than K training images (prepare_data caches what it built),
-    and a frozen trunk's feature cache is built (or checked and loaded) from weights that
-    load."""
-    distinct = {(s.parsed_protocol.hash, s.data_root): s for s in specs}  # once per protocol
-    for spec in distinct.values():
-        check_trainable(prepare_data(spec.parsed_protocol, spec.data_root), spec.parsed_protocol)
-        if spec.parsed_protocol.features.cached:
+    no run starts from a local weights file that does not load (a missing package, another
+    file), and a frozen trunk's feature cache is built (or checked and loaded)."""
+    distinct = {(s.parsed_protocol.hash, s.data_root, s.weights): s for s in specs}
+    for spec in distinct.values():  # once per protocol
+        protocol = spec.parsed_protocol
+        check_trainable(prepare_data(protocol, spec.data_root), protocol)
+        if starting_weights(protocol.backbone, spec.weights):
+            build_backbone(dataclasses.replace(protocol.backbone, weights_file=starting_weights(
+                protocol.backbone, spec.weights)), 3)  # fmt: skip
+        if protocol.features.cached:
             _data(run_context(spec, progress))

@@ -8,6 +8,7 @@
 #
 #   bash tests/benchmarks/gpu_checks.sh env tests smoke default eval60k   # call 1
 #   bash tests/benchmarks/gpu_checks.sh pipeline pipeline_torch cost long long_torch compile
+#   CUB100=DIR bash tests/benchmarks/gpu_checks.sh birds_cached birds_gpu   # call 3, repeated
 #
 # Wheels the machine lacks (pytorch-metric-learning, faiss-cpu) are installed from .whl/
 # when it is there (tests/benchmarks/gpu_wheels.sh fetches them; carry .whl to the machine).
@@ -40,6 +41,8 @@ else
 fi
 RES=$WORK/results
 H="$PY -m harness"
+CUB100=${CUB100:-../shared/data/cub100}  # the folder holding cub100.zip
+if [ "$DEVICE" = cpu ]; then BIRDS="--method contrastive,untrained --max-steps 2"; else BIRDS=--all; fi
 
 jpegs() {  # the generated CUB tree (500 x 375 JPEGs) and a random ResNet-50 for --weights
   [ -f "$WORK/jpegs/CUB_200_2011/images.txt" ] || $PY -c "import sys; sys.path.insert(0, 'tests')
@@ -103,11 +106,22 @@ step_compile() {
     --device "$DEVICE" --results-dir "$WORK/results_compile" --force
 }
 
+step_birds_cached() {  # the CPU protocol's feature cache built and read on the device
+  $H run --protocol birds --method contrastive,hdc_contrastive --seeds 0 --data-root "$CUB100" \
+    --device "$DEVICE" --results-dir "$WORK/results_birds_cached"
+}
+step_birds_gpu() {  # the sweep, resumable: each call goes on where the last one stopped
+  # shellcheck disable=SC2086
+  $H run --protocol birds_gpu $BIRDS --data-root "$CUB100" --device "$DEVICE" \
+    --results-dir "$WORK/results_birds"
+}
+
 declare -A LIMIT=([env]=60 [tests]=300 [smoke]=300 [default]=240 [eval60k]=240 [pipeline]=240
-  [pipeline_torch]=240 [cost]=300 [long]=240 [long_torch]=240 [compile]=300)
+  [pipeline_torch]=240 [cost]=300 [long]=240 [long_torch]=240 [compile]=300 [birds_cached]=200
+  [birds_gpu]=560)
 STEPS_ASKED=("$@")
 [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env tests smoke default eval60k pipeline
-  pipeline_torch cost long long_torch compile)
+  pipeline_torch cost long long_torch compile birds_cached birds_gpu)
 for name in "${STEPS_ASKED[@]}"; do
   if [ -z "${LIMIT[$name]:-}" ]; then
     echo "unknown step $name; steps: ${!LIMIT[*]}" | tee -a "$OUT/summary.txt"
@@ -121,7 +135,7 @@ for name in "${STEPS_ASKED[@]}"; do
   limit=$((left < LIMIT[$name] ? left : LIMIT[$name]))
   begin=$(date +%s)
   export -f jpegs "step_$name"
-  export PY H WORK DEVICE RES PROTO CLASSES WORKERS PSTEPS STEPS LONG N60K DIM BATCHES
+  export PY H WORK DEVICE RES PROTO CLASSES WORKERS PSTEPS STEPS LONG N60K DIM BATCHES CUB100 BIRDS
   timeout "$limit" bash -c "step_$name" >"$WORK/logs/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc $(($(date +%s) - begin))s (limit ${limit}s)" | tee -a "$OUT/summary.txt"

