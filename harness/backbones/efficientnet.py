@@ -15,7 +15,6 @@ outputs (`features:`, harness.train.features).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 
 from harness.backbones.base import BACKBONES, PACKAGED_WEIGHTS, Backbone
-from harness.core import HarnessError
+from harness.core import HarnessError, file_sha256
 
 MEAN_STD = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
@@ -77,14 +76,6 @@ def packaged_weights(name: str) -> Path:
     return path
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def load_by_position(net: nn.Module, path: Path, name: str) -> None:
     """Copy the file's tensors into `net` in order (num_batches_tracked left out), after
     checking that their number and every shape match: a file of another model is an error."""
@@ -123,9 +114,9 @@ def imagenet_weights(name: str, weights_file: str) -> Path:
                                "weights_file)")  # fmt: skip
         return path
     path = packaged_weights(name)
-    expected = PACKAGES[name].sha256
-    if sha256_of(path) != expected:
-        raise HarnessError(f"{path} has sha256 {sha256_of(path)[:16]}..., not the published "
+    expected, found = PACKAGES[name].sha256, file_sha256(path)
+    if found != expected:
+        raise HarnessError(f"{path} has sha256 {found[:16]}..., not the published "
                            f"{expected[:16]}...: reinstall {PACKAGES[name].distribution}")  # fmt: skip
     return path
 

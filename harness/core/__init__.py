@@ -44,7 +44,13 @@ from harness.core.metric_names import (
     is_single_metric,
 )
 from harness.core.pair_auc import euclidean_score, sample_pairs
-from harness.core.paths import PROTOCOL_DIR, REFERENCE_FILE, default_cache_dir, source_tree
+from harness.core.paths import (
+    PROTOCOL_DIR,
+    REFERENCE_FILE,
+    default_cache_dir,
+    file_sha256,
+    source_tree,
+)
 from harness.core.plugins import (
     ENTRY_POINT_GROUP,
     PLUGINS_ENV,
@@ -150,6 +156,7 @@ __all__ = [
     "current",
     "dataset_counts",
     "default_cache_dir",
+    "file_sha256",
     "euclidean_score",
     "family_of",
     "grad_scaler",

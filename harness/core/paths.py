@@ -8,6 +8,7 @@ through importlib.resources from any working directory, with no clone beside it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from importlib import resources
 from pathlib import Path
@@ -37,3 +38,12 @@ def source_tree() -> Path | None:
 def default_cache_dir() -> Path:
     """Where generated or converted data is cached: $DML_HARNESS_CACHE or ~/.cache/dml-harness."""
     return Path(os.environ.get("DML_HARNESS_CACHE", Path.home() / ".cache" / "dml-harness"))
+
+
+def file_sha256(path: Path | str) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks (weights files, archives)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -19,7 +19,6 @@ Every photo is decoded once into memory (uint8, 0.9 GB for all of them): all are
 
 from __future__ import annotations
 
-import hashlib
 import io
 import zipfile
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.core import HarnessError
+from harness.core import HarnessError, file_sha256
 from harness.core.paths import PROTOCOL_DIR
 from harness.data.base import LabelledImages, register_dataset
 
@@ -59,13 +58,10 @@ def find_archive(data_root: Path | None) -> Path:
 
 def check_archive(path: Path) -> None:
     """The archive must be the published one: a truncated or other file is refused."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    if digest.hexdigest() != CUB100_SHA256:
+    found = file_sha256(path)
+    if found != CUB100_SHA256:
         raise HarnessError(
-            f"cub100: {path} has sha256 {digest.hexdigest()[:16]}..., not the published "
+            f"cub100: {path} has sha256 {found[:16]}..., not the published "
             f"{CUB100_SHA256[:16]}... (truncated, or another file); {HOW_TO_GET}"
         )
 
