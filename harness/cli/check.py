@@ -13,7 +13,6 @@ from pathlib import Path
 
 from harness.cli.argtypes import add_plugin_option, positive_int
 from harness.core import HarnessError, load_methods
-from harness.report import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from harness.report import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
+
     load_methods()
 
     if args.update and not args.reason:

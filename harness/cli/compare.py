@@ -19,7 +19,6 @@ from harness.core import (
     t_interval,
 )
 from harness.records import load_results, reference_dir
-from harness.report import describe, per_seed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+
+    from harness.report import describe, per_seed
 
     protocol = load_protocol(args.protocol)
     metric = args.metric or protocol.evaluation.select_by

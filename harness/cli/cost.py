@@ -13,6 +13,7 @@ from harness.core import METHODS, HarnessError, load_methods, load_protocol, res
 from harness.cost import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_REPEATS,
+    DEFAULT_ROUNDS,
     DEFAULT_STEPS,
     CostOptions,
     cost_context,
@@ -28,7 +29,6 @@ from harness.cost import (
     save_cost,
 )
 from harness.data import check_data_root
-from harness.report import cost_figure, cost_table, devices_table, overhead_line
 from harness.sweep import check_protocol
 
 if TYPE_CHECKING:
@@ -50,7 +50,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cost.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
                       help="timed calls per batch size, at most (default: %(default)s)")  # fmt: skip
     cost.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
-                      help="training steps timed per method for throughput (default: %(default)s)")  # fmt: skip
+                      help="training steps timed per method and round for throughput "
+                      "(default: %(default)s)")  # fmt: skip
+    cost.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS,
+                      help="throughput: interleaved rounds, every method timed once per round, "
+                      "the fastest round of each kept (default: %(default)s)")  # fmt: skip
     cost.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     cost.add_argument("--data-root", help="folder holding the dataset's files")
     cost.add_argument("--results-dir", default="results", help="default: results")
@@ -109,6 +113,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     """`python -m harness cost`: measure, write results/cost/<protocol>.json and the figure,
     print the table (or, with --json, the list of per-method objects). Returns the exit
     status: 1 when a method failed, else 0."""
+    from harness.report import consistency_line, cost_figure, cost_table, overhead_line
 
     protocol = load_protocol(args.protocol)
     if protocol.features.cached:
@@ -125,7 +130,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.devices is not None:
         return _cost_devices(args, protocol, names)
     options = CostOptions(
-        sizes, repeats=args.repeats, steps=args.steps, overhead=not args.no_overhead,
+        sizes, repeats=args.repeats, steps=args.steps, rounds=args.rounds,
+        overhead=not args.no_overhead,
         breakdown=args.overhead_breakdown, overhead_on=getattr(args, "overhead_method", None),
     )  # fmt: skip
     ctx = cost_context(protocol, resolve_device(args.device), args.data_root)
@@ -141,6 +147,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     else:
         print(cost_table(record))
         print()
+        print(consistency_line(record))
         print(overhead_line(record))
         kept = len(written["methods"]) - len(record["methods"])
         merged = f" (and {kept} earlier method row(s) kept)" if kept else ""
@@ -150,6 +157,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 def _cost_devices(args: argparse.Namespace, protocol: Protocol, names: list[str]) -> int:
     """`cost --devices`: write results/cost/devices/<protocol>.json and print its table."""
+    from harness.report import devices_table
 
     if len(names) != 1 or not args.methods:
         raise HarnessError("--devices measures one method: name it with --methods NAME")
@@ -177,7 +185,8 @@ def _cost_pipeline(args: argparse.Namespace, protocol: Protocol) -> int:
         raise HarnessError("--pipeline trains one method for the data-wait share: give one name "
                            "to --methods (or none)")  # fmt: skip
     ctx = cost_context(protocol, resolve_device(args.device), args.data_root, args.decoder)
-    record = measure_pipeline(ctx, counts, steps=args.steps, method=asked[0] if asked else None)
+    record = measure_pipeline(ctx, counts, steps=args.steps, method=asked[0] if asked else None,
+                              rounds=args.rounds)  # fmt: skip
     path = Path(args.results_dir) / "cost" / "pipeline" / f"{protocol.name}.json"
     replace_record(path, record, Path(args.results_dir))
     if args.json:

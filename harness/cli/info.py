@@ -27,7 +27,6 @@ from harness.core import (
     protocol_names,
 )
 from harness.data import DATASETS, download, verify, verify_own
-from harness.report import write_leaderboard
 from harness.sweep import check_protocol
 
 log = logging.getLogger("harness")
@@ -157,6 +156,8 @@ def _hyperparameters(defaults: dict[str, Any]) -> str:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from harness.report import write_leaderboard
+
     load_methods()  # the figures group methods by the family their registry entry declares
 
     print(write_leaderboard(Path(args.results_dir)))

@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 
 from harness.core import load_methods
-from harness.report import write_report
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from harness.report import write_report
+
     load_methods()  # the figures group methods by the family their registry entry declares
 
     print(write_report(Path(args.results_dir), args.out))

@@ -37,7 +37,6 @@ from harness.core import (
     resolve_device,
 )
 from harness.records import reference_dir, result_paths, tracking_config
-from harness.report import write_leaderboard
 from harness.sweep import RunSpec, plan, sweep, sweep_ray
 from harness.train import check_compile
 
@@ -99,6 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from harness.report import write_leaderboard
+
     load_methods()
     ray_only = [flag for flag, value in (("--address", args.address), ("--cpus-per-run",
                 args.cpus_per_run), ("--gpus-per-run", args.gpus_per_run)) if value is not None]  # fmt: skip

@@ -8,7 +8,6 @@ import argparse
 from pathlib import Path
 
 from harness.cli.argtypes import nonnegative_int, positive_int
-from harness.report.retrieval import RowChoice, default_out, draw_retrieval_grid, folder_of
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Draw the grid and print its path."""
+    from harness.report.retrieval import RowChoice, default_out, draw_retrieval_grid, folder_of
+
     folder = folder_of(args.path)
     out = args.out if args.out is not None else default_out(folder)
     choice = RowChoice(k=args.k, worst=args.worst, best=args.best, random=args.random,

@@ -7,11 +7,15 @@ the protocol's sampler, so m must be a multiple of K):
 - scaling (`scaling.py`), on random inputs: the miner's work counts and the mining and loss
   (forward + backward) times, CUDA-synchronised, median over the repeats;
 - the growth exponent b of cost ~ a * m^b (`fit.py`: the fit and the rule that names a
-  complexity class, or says "unclear" when the fit does not support one);
-- throughput (`throughput.py`) on the protocol's real data: images per second of the
-  harness's own training step, with its own optimizer, sampler and feeder (the parts
+  complexity class, or says "unclear" when the fit does not support one; times are fitted
+  above their fixed per-call cost); sizes whose call would take too long or not fit in
+  memory (`memory.py`) are skipped by an estimate;
+- throughput (`throughput.py`) on the protocol's real data: images per second and step time
+  of the harness's own training step, with its own optimizer, sampler and feeder (the parts
   `harness.train.start_training` gives `harness.train.train`), and the share of it spent in
-  mining + loss;
+  mining + loss; the methods are timed in interleaved rounds (`rounds.py`), the fastest
+  round of each kept, and checked against each other (`consistency.py`: methods whose
+  mining + loss is a small share of the step must agree, or the measurement was disturbed);
 - scaling across devices (`devices.py`, `--devices 1,2,...`): one method's training step
   under torchrun on N processes against one, as speedup and efficiency;
 - harness overhead (`overhead.py`): `harness.train.train` against a hand-written loop doing
@@ -26,8 +30,9 @@ the protocol's sampler, so m must be a multiple of K):
 the command line (and all printing) is in `harness.cli`.
 """
 
+from harness.cost.consistency import SHARE_LIMIT, SPREAD_LIMIT, consistency
 from harness.cost.devices import DEFAULT_COUNTS, measure_devices, parse_counts
-from harness.cost.fit import COMPLEXITIES, PowerFit, fit_power_law, fits
+from harness.cost.fit import COMPLEXITIES, FIXED_MULTIPLE, PowerFit, fit_power_law, fit_time, fits
 from harness.cost.measure import CostOptions, measure_cost
 from harness.cost.overhead import (
     OVERHEAD_PIECES,
@@ -51,13 +56,20 @@ from harness.cost.records import (
     save_cost,
     write_cost,
 )
+from harness.cost.rounds import fastest, interleaved, round_order
 from harness.cost.scaling import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_REPEATS,
     measure_scaling,
     parse_batch_sizes,
 )
-from harness.cost.throughput import DEFAULT_STEPS, cost_context, measure_throughput
+from harness.cost.throughput import (
+    DEFAULT_ROUNDS,
+    DEFAULT_STEPS,
+    cost_context,
+    measure_throughput,
+    throughput_rounds,
+)
 
 __all__ = [
     "COMPLEXITIES",
@@ -66,10 +78,20 @@ __all__ = [
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_COUNTS",
     "DEFAULT_REPEATS",
+    "DEFAULT_ROUNDS",
     "DEFAULT_STEPS",
+    "FIXED_MULTIPLE",
     "OVERHEAD_PIECES",
     "OVERHEAD_TARGET",
     "PowerFit",
+    "SHARE_LIMIT",
+    "SPREAD_LIMIT",
+    "consistency",
+    "fastest",
+    "fit_time",
+    "interleaved",
+    "round_order",
+    "throughput_rounds",
     "cost_context",
     "cost_path",
     "devices_path",

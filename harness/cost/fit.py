@@ -1,7 +1,19 @@
-"""The growth exponent b of cost ~ a * m^b, and the complexity class it supports (or not)."""
+"""The growth exponent b of cost ~ a * m^b, and the complexity class it supports (or not).
+
+Counts are exact and fitted on every batch size. A time is fixed + a * m^b: every call pays
+a fixed cost (Python dispatch, kernel launches, small allocations) that dominates at small m
+and bends the log-log line flat there. So a time is fitted only on the sizes where it is at
+least FIXED_MULTIPLE times the fixed cost, and the fixed cost is taken off first (`fit_time`):
+the exponent is that of the part that grows with m. The fixed cost is the method's call on
+its smallest batch (scaling.measure_fixed_cost), else, in records made before it was
+measured, the time at the smallest size measured; on a shared machine a disturbed call is
+caught by the growth itself (no call is faster than the fixed cost, and none slower than a
+larger batch's: see fit_time).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -9,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-TIME_FIT_SIZES = 4  # times are fitted on the largest sizes (small m: fixed per-call overheads)
+FIXED_MULTIPLE = 5.0  # a time is fitted where it is at least this many times the fixed cost
+MIN_FIT_SIZES = 3  # fewer sizes than this name no class
 
 # Complexity classes and the rule that names one (see fit_power_law).
 R2_MIN = 0.98
@@ -35,12 +48,15 @@ class PowerFit:
     rms: float | None  # root mean square of the log residuals (natural log)
     sizes: list[int]
     complexity: str
+    fixed_ms: float | None = None  # times: the fixed per-call cost taken off before the fit
+    fixed_batch_size: int | None = None  # the batch size it was measured at
+    disturbed_sizes: list[int] | None = None  # times: sizes left out (slower than a larger m)
 
     def as_dict(self) -> dict[str, Any]:
         def r(v: float | None, n: int) -> float | None:
             return None if v is None else round(v, n)
 
-        return {
+        fitted = {
             "exponent": r(self.exponent, 4),
             "coefficient": None if self.coefficient is None else float(f"{self.coefficient:.6g}"),
             "r2": r(self.r2, 5),
@@ -48,6 +64,11 @@ class PowerFit:
             "sizes": self.sizes,
             "complexity": self.complexity,
         }
+        if self.fixed_ms is not None:
+            fitted.update(fixed_ms=r(self.fixed_ms, 4), fixed_batch_size=self.fixed_batch_size)
+        if self.disturbed_sizes:
+            fitted["disturbed_sizes"] = self.disturbed_sizes
+        return fitted
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -85,8 +106,8 @@ def fit_power_law(sizes: Sequence[int], values: Sequence[float | None]) -> Power
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-12 else 1.0
     rms = math.sqrt(ss_res / len(y))
-    if len(np.unique(m)) < 3:
-        complexity = "unclear (fewer than 3 batch sizes)"
+    if len(np.unique(m)) < MIN_FIT_SIZES:
+        complexity = f"unclear (fewer than {MIN_FIT_SIZES} batch sizes)"
     elif not (r2 >= R2_MIN or rms <= RMS_MAX):
         complexity = "unclear (not a power law)"
     else:
@@ -98,18 +119,55 @@ def fit_power_law(sizes: Sequence[int], values: Sequence[float | None]) -> Power
     return PowerFit(b, math.exp(a), r2, rms, used, complexity)
 
 
-def fits(cells: list[dict[str, Any]]) -> dict[str, PowerFit]:
-    """Exponents of the counts (all measured sizes: they are exact) and of the times (the
-    largest TIME_FIT_SIZES measured sizes: at small m fixed per-call costs bend the line)."""
+def fit_time(
+    sizes: Sequence[int], times: Sequence[float | None], fixed_ms: float | None,
+    fixed_batch_size: int | None = None,
+) -> PowerFit:  # fmt: skip
+    """The exponent of a time above its fixed per-call cost (see the module docstring): the
+    sizes whose time is at least FIXED_MULTIPLE x the fixed cost, fitted as time - fixed.
+    `fixed_ms` None: the time at the smallest size. The work grows with m, so no call can
+    take less than the fixed cost (a slower fixed call was disturbed: the fastest call is
+    taken instead), and a time above that of a larger m was disturbed, or the implementation
+    changed algorithm there: such sizes are left out (`disturbed_sizes`). Fewer than
+    MIN_FIT_SIZES sizes left: no class, and the complexity says up to which m the fixed cost
+    dominates."""
+    pairs = [(int(m), float(t)) for m, t in zip(sizes, times, strict=True) if t is not None]
+    if not pairs or all(t == 0 for _, t in pairs):
+        return fit_power_law([m for m, _ in pairs], [t for _, t in pairs])  # "none"
+    lowest = min(pairs, key=lambda p: p[1])
+    if fixed_ms is None or lowest[1] < fixed_ms:
+        fixed_batch_size, fixed_ms = lowest
+    steady = [(m, t) for i, (m, t) in enumerate(pairs) if all(t <= u for _, u in pairs[i + 1 :])]
+    disturbed = sorted({m for m, _ in pairs} - {m for m, _ in steady})
+    above = [(m, t - fixed_ms) for m, t in steady if t >= FIXED_MULTIPLE * fixed_ms]
+    below = [m for m, t in steady if t < FIXED_MULTIPLE * fixed_ms]
+    if len(above) < MIN_FIT_SIZES and below:
+        why = (f"unclear (fixed cost dominates up to m={max(below)}: {len(above)} size(s) at "
+               f"{FIXED_MULTIPLE:g}x the m={fixed_batch_size} call's {fixed_ms:.3g} ms or more, "
+               f"{MIN_FIT_SIZES} needed)")  # fmt: skip
+        fitted = PowerFit(None, None, None, None, [m for m, _ in above], why)
+    else:
+        fitted = fit_power_law([m for m, _ in above], [t for _, t in above])
+    return dataclasses.replace(fitted, fixed_ms=fixed_ms, fixed_batch_size=fixed_batch_size,
+                               disturbed_sizes=disturbed)  # fmt: skip
+
+
+def fits(cells: list[dict[str, Any]], fixed: dict[str, Any] | None = None) -> dict[str, PowerFit]:
+    """Exponents of the counts (all measured sizes: they are exact) and of the times (above
+    the fixed per-call cost, fit_time; `fixed`: the method's call on its smallest batch,
+    scaling.measure_fixed_cost, else None)."""
     done = [c for c in cells if "skipped" not in c]
     sizes = [c["batch_size"] for c in done]
-    timed = done[-TIME_FIT_SIZES:] if len(done) > TIME_FIT_SIZES else done
-    tsizes = [c["batch_size"] for c in timed]
+    fixed = fixed or {}
+
+    def timed(key: str) -> PowerFit:
+        return fit_time(sizes, [c[key] for c in done], fixed.get(key), fixed.get("batch_size"))
+
     return {
         "evaluated": fit_power_law(sizes, [c["evaluated"] for c in done]),
         "tuples": fit_power_law(sizes, [c["tuples"] for c in done]),
-        "mining_time": fit_power_law(tsizes, [c["mining_ms"] for c in timed]),
-        "loss_time": fit_power_law(tsizes, [c["loss_ms"] for c in timed]),
+        "mining_time": timed("mining_ms"),
+        "loss_time": timed("loss_ms"),
     }
 
 

@@ -1,6 +1,8 @@
 """The whole `python -m harness cost` measurement of a protocol, as the record written to
-results/cost/<protocol>.json: per method, scaling on random inputs (with its fits) and the
-throughput of the training step; then the harness's overhead on one method.
+results/cost/<protocol>.json: per method, scaling on random inputs (with its fits); then the
+throughput of the training step, every method once per round in interleaved rounds, the
+fastest round kept; the consistency check of those throughputs; then the harness's overhead
+on one method.
 
 Models come from `harness.train.build_model`, the runner's own builder, and are trained by
 the harness's own loop parts (`harness.train.start_training`, `harness.train.train`):
@@ -12,7 +14,9 @@ The synthetic-scaling method is built for a context with room for the largest P 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,22 +26,27 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.core import METHODS, HarnessError, MethodContext, protocol_hyperparameters
-from harness.cost.fit import PowerFit, fit_summary, fits
+from harness.cost.consistency import consistency
+from harness.cost.fit import FIXED_MULTIPLE, PowerFit, fit_summary, fits
 from harness.cost.overhead import measure_overhead, overhead_method
 from harness.cost.records import COST_SCHEMA, log_line
 from harness.cost.scaling import (
     CELL_SECONDS,
     DEFAULT_BATCH_SIZES,
     DEFAULT_REPEATS,
+    MAX_CALL_SECONDS,
+    MEMORY_SHARE,
     SLOW_CALL,
+    measure_fixed_cost,
     measure_scaling,
     parse_batch_sizes,
 )
 from harness.cost.throughput import (
+    DEFAULT_ROUNDS,
     DEFAULT_STEPS,
     WARMUP_STEPS,
-    measure_throughput,
     random_init,
+    throughput_rounds,
     training_set,
 )
 from harness.data import prepare_data
@@ -55,14 +64,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CostOptions:
     """What `python -m harness cost` measures and how long: the batch sizes m of the
-    scaling, its timed calls per size (at most), the training steps timed per method for
-    throughput, whether to compare the harness with the bare loop (`overhead`), with each
-    piece of bookkeeping alone (`breakdown`), and on which method (`overhead_on`; None: the
-    first method whose throughput was measured)."""
+    scaling, its timed calls per size (at most), the training steps timed per method and
+    round for throughput, the interleaved throughput rounds, whether to compare the harness
+    with the bare loop (`overhead`), with each piece of bookkeeping alone (`breakdown`), and
+    on which method (`overhead_on`; None: the first method whose throughput was measured)."""
 
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES
     repeats: int = DEFAULT_REPEATS
     steps: int = DEFAULT_STEPS
+    rounds: int = DEFAULT_ROUNDS
     overhead: bool = True
     breakdown: bool = False
     overhead_on: str | None = None
@@ -125,12 +135,13 @@ def _method_entry(name: str, version: int, family: str, hyper: dict[str, Any]) -
                                       PowerFit(None, None, None, None, [], "none")))  # fmt: skip
     return {"method": name, "version": version, "family": family, "hyperparameters": hyper,
             "status": "ok", "reason": None, **empty, "has_miner": None, "fits": None,
-            "measurements": [], "throughput": None}  # fmt: skip
+            "fixed_cost": None, "measurements": [], "throughput": None}  # fmt: skip
 
 
 def _measure_method(setup: _Setup, name: str, options: CostOptions) -> dict[str, Any]:
-    """One method's entry: scaling and fits, then throughput; a failure is recorded in the
-    entry (one broken method does not stop the others). `options.batch_sizes`: parsed."""
+    """One method's entry with its scaling and fits (its throughput comes later, in the
+    interleaved rounds: `_wants_throughput`); a failure is recorded in the entry (one broken
+    method does not stop the others). `options.batch_sizes`: parsed."""
 
     spec, protocol = METHODS.get(name), setup.ctx.protocol
     entry = _method_entry(name, spec.version, spec.family, setup.hyper[name])
@@ -141,18 +152,17 @@ def _measure_method(setup: _Setup, name: str, options: CostOptions) -> dict[str,
             log.info("cost %s: not applicable (no loss)", name)
             return entry
         t0 = time.perf_counter()
+        fixed = _fixed_cost(setup, name, method, options.repeats)
         cells = measure_scaling(setup.ctx, method, setup.synthetic, options.batch_sizes,
                                 repeats=options.repeats)  # fmt: skip
-        fitted = fits(cells)
-        entry.update(fit_summary(fitted), has_miner=method.miner is not None, measurements=cells)
+        fitted = fits(cells, fixed)
+        entry.update(fit_summary(fitted), has_miner=method.miner is not None, measurements=cells,
+                     fixed_cost=fixed)  # fmt: skip
         if method.miner is None:
             entry["reason"] = NO_MINER.get(spec.family)
         entry["fits"] = {key: f.as_dict() for key, f in fitted.items()}
         if spec.needs_coarse_labels and not setup.prepared.data.has_coarse:
             entry["reason"] = f"{protocol.dataset.name} has no coarse labels: no throughput"
-        else:
-            entry["throughput"] = measure_throughput(setup.ctx, setup.model(name), setup.data,
-                                                     steps=options.steps)  # fmt: skip
         log.info("cost %s: %s; %.1f s", name, log_line(entry), time.perf_counter() - t0)
     except (KeyboardInterrupt, HarnessError):
         raise
@@ -160,6 +170,49 @@ def _measure_method(setup: _Setup, name: str, options: CostOptions) -> dict[str,
         entry.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
         log.warning("cost %s failed: %s", name, entry["reason"])
     return entry
+
+
+def _fixed_cost(setup: _Setup, name: str, method: Method, repeats: int) -> dict[str, Any] | None:
+    """The method's call on its smallest batch (scaling.measure_fixed_cost); None when that
+    batch does not suit it (a plugin's method may need more classes): the time fits then
+    take the smallest size measured for the fixed cost."""
+    try:
+        return measure_fixed_cost(setup.ctx, method, setup.synthetic, repeats=repeats)
+    except (KeyboardInterrupt, HarnessError):
+        raise
+    except Exception as exc:
+        log.warning("cost %s: no call on the smallest batch (%s: %s); the time fits take the "
+                    "smallest size measured for the fixed cost", name, type(exc).__name__,
+                    exc)  # fmt: skip
+        return None
+
+
+def _wants_throughput(setup: _Setup, entry: dict[str, Any]) -> bool:
+    """Whether the method's throughput is measured: it trains, its scaling did not fail, and
+    the data has the coarse labels it needs."""
+    spec = METHODS.get(entry["method"])
+    return entry["status"] == "ok" and not (
+        spec.needs_coarse_labels and not setup.prepared.data.has_coarse
+    )
+
+
+def _throughputs(setup: _Setup, entries: list[dict[str, Any]], options: CostOptions) -> None:
+    """Every measured method's throughput into its entry, timed in interleaved rounds
+    (throughput.throughput_rounds); a method that fails there is marked failed."""
+    wanted = {e["method"]: e for e in entries if _wants_throughput(setup, e)}
+    if not wanted:
+        return
+    t0 = time.perf_counter()
+    models = {name: functools.partial(setup.model, name) for name in wanted}
+    measured, failures = throughput_rounds(setup.ctx, models, setup.data, steps=options.steps,
+                                           rounds=options.rounds)  # fmt: skip
+    for name, entry in wanted.items():
+        if name in failures:
+            entry.update(status="failed", reason=f"throughput: {failures[name]}")
+        else:
+            entry["throughput"] = measured.get(name)
+    log.info("cost: throughput of %d method(s), %d interleaved round(s) of %d steps; %.1f s",
+             len(wanted), options.rounds, options.steps, time.perf_counter() - t0)  # fmt: skip
 
 
 def measure_cost(
@@ -173,11 +226,12 @@ def measure_cost(
     protocol, k = ctx.protocol, ctx.protocol.sampler.images_per_class
     options = dataclasses.replace(options, batch_sizes=parse_batch_sizes(options.batch_sizes, k))
     sizes = list(options.batch_sizes)
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), _load_average()
     pretrained = protocol.backbone.pretrained != "none" or bool(protocol.backbone.weights_file)
     setup = _setup(ctx.replace(protocol=random_init(protocol)),
                    prepare_data(protocol, ctx.data_root), list(names), max(sizes) // k)  # fmt: skip
     entries = [_measure_method(setup, name, options) for name in names]
+    _throughputs(setup, entries, options)
     record: dict[str, Any] = {
         "schema": COST_SCHEMA,
         "kind": "cost",
@@ -185,20 +239,35 @@ def measure_cost(
                      "path": protocol.path},
         "settings": {"batch_sizes": sizes, "images_per_class": k, "repeats": options.repeats,
                      "cell_seconds": CELL_SECONDS, "slow_call_seconds": SLOW_CALL,
+                     "max_call_seconds": MAX_CALL_SECONDS, "memory_share": MEMORY_SHARE,
+                     "fixed_multiple": FIXED_MULTIPLE,
                      "throughput_steps": options.steps, "warmup_steps": WARMUP_STEPS,
+                     "throughput_rounds": options.rounds,
                      "stage_dims": list(setup.context.stage_dims),
                      "embedding_dim": protocol.embedding_dim,
                      "synthetic_classes": setup.synthetic.num_classes, "seed": setup.ctx.seed,
                      "backbone_weights": "random (timing only)" if pretrained else "none"},
         "methods": entries,
+        "consistency": consistency(entries),
         "overhead": _overhead(setup, entries, options) if options.overhead else None,
     }  # fmt: skip
     record["seconds"] = round(time.perf_counter() - started, 1)
+    # the machine's 1-minute load average at the start and end: other processes' share of it
+    record["load_average"] = {"start": load_at_start, "end": _load_average(),
+                              "cpus": os.cpu_count()}  # fmt: skip
     # to the microsecond: a merged file tells its measurements apart by this stamp, and two
     # quick runs of the command can fall within one second
     record["created_at"] = datetime.now(timezone.utc).isoformat(timespec="microseconds")
     record["environment"] = environment(ctx.device)
     return record
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where the system does not say)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def _overhead(

@@ -2,12 +2,14 @@
 number of worker processes, and the share of a training step spent waiting for data.
 
 The batches are the protocol's own (its P x K sampler over the training classes, its load
-size and train augmentation), prepared by the run's feeder (`harness.train.run_feeder`) exactly as in a run. The
-first WARMUP_BATCHES of each count are not timed (worker start-up); then each count is timed
-ROUNDS times, alternated with the others, on at least `batches` batches rounded up to whole
-waves of its workers, and its fastest round is reported (all rounds are recorded): a shared machine's slow spells then do not decide the comparison. Each row's
-`speedup` is its images/s over the first (smallest) count's, both from this one run. The
-data-wait share trains the protocol's backbone for `steps` steps fed by the largest worker count, with one
+size and train augmentation), prepared by the run's feeder (`harness.train.run_feeder`)
+exactly as in a run. The first WARMUP_BATCHES of each count are not timed (worker
+start-up); then each count is timed ROUNDS times (`cost --rounds`), in interleaved rounds
+with the others (`rounds.py`), on at least `batches` batches rounded up to whole waves of
+its workers, and its fastest round is reported (all rounds are recorded): a shared
+machine's slow spells then do not decide the comparison. Each row's `speedup` is its
+images/s over the first (smallest) count's, both from this one run. The data-wait share
+trains the protocol's backbone for `steps` steps fed by the largest worker count, with one
 method (--methods NAME, else the first registered method that trains and needs no coarse
 labels: the backbone's step dominates, so the method hardly matters);
 the backbone is randomly initialised (only timing matters here, and pretrained weights may
@@ -18,6 +20,7 @@ not be on the machine), which the record says. `decoder="torch"` measures the to
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -26,6 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from harness.core import METHODS, HarnessError, PhaseTimer, RunContext, protocol_hyperparameters
+from harness.cost.rounds import interleaved
 from harness.cost.throughput import measure_throughput, random_init, training_set
 from harness.data import decoded_by, prepare_data
 from harness.records import environment
@@ -39,7 +43,7 @@ from harness.train import (
 
 WARMUP_BATCHES = 4
 DEFAULT_BATCHES = 24
-ROUNDS = 5  # each count is timed this many times, alternated with the others; the best counts
+ROUNDS = 5  # each count is timed this many times, interleaved with the others; the best counts
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +85,10 @@ def measure_pipeline(
     batches: int = DEFAULT_BATCHES,
     steps: int = DEFAULT_BATCHES,
     method: str | None = None,
+    rounds: int = ROUNDS,
 ) -> dict[str, Any]:
     """The `cost --pipeline` record (see the module docstring) for the context's protocol,
-    data root, device and decoder."""
+    data root, device and decoder; each worker count timed in `rounds` interleaved rounds."""
 
     started = time.perf_counter()
     protocol = ctx.protocol
@@ -100,7 +105,7 @@ def measure_pipeline(
         "augmentation": [op.op for op in protocol.augmentation.train],
         "decoder": ctx.decoder,
         "batch_size": protocol.sampler.batch_size,
-        "pipeline": _rates(ctx, data, counts, batches, started),
+        "pipeline": _rates(ctx, data, counts, batches, started, rounds),
         **_data_wait(ctx.replace(workers=max(counts)), data, steps, timing_method(method)),
     }
     record["seconds"] = round(time.perf_counter() - started, 1)
@@ -110,10 +115,12 @@ def measure_pipeline(
 
 
 def _rates(
-    ctx: RunContext, data: TrainingSet, counts: Sequence[int], batches: int, started: float
-) -> list[dict[str, Any]]:
+    ctx: RunContext, data: TrainingSet, counts: Sequence[int], batches: int, started: float,
+    rounds: int = ROUNDS,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Each worker count's row: the run's feeder (its sampler's batches, its augmentation)
-    with that many workers, timed ROUNDS times, alternated with the other counts."""
+    with that many workers, timed `rounds` times in interleaved rounds (`rounds.interleaved`)
+    with the other counts."""
     sampler = run_sampler(data.labels, ctx)
     sizes = {w: whole_waves(batches, w) for w in counts}
     keys = [(n, sampler.next_batch()) for n in range(WARMUP_BATCHES + max(sizes.values()))]
@@ -124,16 +131,19 @@ def _rates(
         for w, feeder in feeders.items():  # worker start-up, first decodes: not timed
             log.info("pipeline: %d worker(s): warming up (%d batches)", w, WARMUP_BATCHES)
             sum(1 for _ in feeder.batches(keys[:WARMUP_BATCHES]))
-        rates: dict[int, list[float]] = {w: [] for w in counts}
-        for r in range(ROUNDS):  # alternated, so a slow spell of the machine hits every count
-            for w, feeder in feeders.items():
-                begin = clock.now()
-                timed = keys[WARMUP_BATCHES : WARMUP_BATCHES + sizes[w]]
-                n = sum(len(x) for _, _, x in feeder.batches(timed))
-                rates[w].append(round(n / (clock.now() - begin), 1))
-                log.info("pipeline: round %d/%d, %d worker(s): %.0f images/s (%d batches); %.0f s",
-                         r + 1, ROUNDS, w, rates[w][-1], sizes[w],
-                         time.perf_counter() - started)  # fmt: skip
+
+        def timed(w: int) -> float:
+            begin = clock.now()
+            chosen = keys[WARMUP_BATCHES : WARMUP_BATCHES + sizes[w]]
+            n = sum(len(x) for _, _, x in feeders[w].batches(chosen))
+            return round(n / (clock.now() - begin), 1)
+
+        def report(r: int, w: int, rate: float) -> None:
+            log.info("pipeline: round %d/%d, %d worker(s): %.0f images/s (%d batches); %.0f s",
+                     r + 1, rounds, w, rate, sizes[w], time.perf_counter() - started)  # fmt: skip
+
+        # interleaved, so a slow spell of the machine hits one round of every count
+        rates = interleaved({w: functools.partial(timed, w) for w in counts}, rounds, report)
     finally:
         for feeder in feeders.values():
             feeder.close()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core import HarnessError, program_name
+from harness.cost.consistency import consistency
 from harness.records import archive, run_lock, write_json_atomic
 
 COST_SCHEMA = 1
@@ -153,8 +154,8 @@ def merge_cost(record: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     `incomparable`): re-measuring some methods then updates their rows and leaves the
     others. Every row (and the overhead) says in `measured` when and from which commit it
     came; the top level (created_at, environment, seconds) describes the latest measurement.
-    The overhead is the new one, else the file's. Otherwise `record` alone (write_cost then
-    archives the file)."""
+    The overhead is the new one, else the file's; the consistency check covers the merged
+    table's rows. Otherwise `record` alone (write_cost then archives the file)."""
     record = _stamped(record)
     path = cost_path(results_dir, record["protocol"]["name"])
     try:
@@ -170,7 +171,8 @@ def merge_cost(record: dict[str, Any], results_dir: Path) -> dict[str, Any]:
     if kept:
         log.info("merged into %s: %d method(s) measured now, %d kept from earlier (%s)",
                  path, len(record["methods"]), len(kept), ", ".join(kept))  # fmt: skip
-    return {**record, "methods": methods, "overhead": record.get("overhead") or old.get("overhead")}
+    return {**record, "methods": methods, "consistency": consistency(methods),
+            "overhead": record.get("overhead") or old.get("overhead")}  # fmt: skip
 
 
 def read_cost(path: Path) -> dict[str, Any]:
@@ -198,16 +200,22 @@ def read_cost(path: Path) -> dict[str, Any]:
 
 
 def log_line(entry: dict[str, Any]) -> str:
-    """One line per measured method for the log: exponents, the largest m, img/s."""
+    """One line per measured method for the log: exponents, the largest m measured, and
+    img/s once the throughput is measured."""
     done = [c for c in entry["measurements"] if "skipped" not in c]
     last = done[-1] if done else {}
     tp = entry.get("throughput") or {}
-    return (
+    line = (
         f"counts ~ m^{format_number(entry['count_exponent'], 2)}, mining ~ m^"
         f"{format_number(entry['time_exponent'], 2)}, m={last.get('batch_size')}: mining "
-        f"{format_number(last.get('mining_ms'), 1)} ms, loss {format_number(last.get('loss_ms'), 1)} ms; "
-        f"{format_number(tp.get('images_per_second'), 0)} img/s"
+        f"{format_number(last.get('mining_ms'), 1)} ms, loss {format_number(last.get('loss_ms'), 1)} ms"
     )
+    skipped = [c for c in entry["measurements"] if "skipped" in c]
+    if skipped:
+        line += f"; {skipped[0]['skipped']}"
+    if tp:
+        line += f"; {format_number(tp.get('images_per_second'), 0)} img/s"
+    return line
 
 
 def format_number(v: Any, digits: int) -> str:

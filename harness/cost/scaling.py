@@ -11,19 +11,24 @@ scores computed) and `mined.count()` (tuples). No miner: mining time 0 and count
 Repeats adapt so that `--all` stays within minutes on a CPU: each (method, m) cell first makes
 one untimed warm-up call unless that call already took SLOW_CALL seconds (its one-time costs
 are then negligible and it is kept as the first repeat), then repeats until it has `repeats`
-timings or has spent CELL_SECONDS (at least one timing); a call longer than MAX_CALL_SECONDS,
-or running out of memory, skips the larger batch sizes. Each cell records its repeats.
+timings or has spent CELL_SECONDS (at least one timing). Before each batch size, one call's
+time and peak memory are extrapolated from the sizes measured so far (`too_large`): a call
+estimated to take more than MAX_CALL_SECONDS, or to hold more than MEMORY_SHARE of the free
+memory (memory.py), skips that size and the larger ones with the estimate in its reason, as
+does a call that took that long or ran out of memory. Each cell records its repeats.
 torch is imported inside the functions, so building the CLI parser stays fast.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from harness.core import Batch, HarnessError, PhaseTimer
+from harness.cost.memory import PeakMemory, available_bytes
 from harness.train import detach_outputs
 
 if TYPE_CHECKING:
@@ -31,11 +36,12 @@ if TYPE_CHECKING:
 
     from harness.core import Batch, Embedded, Method, MethodContext, PhaseTimer, RunContext
 
-DEFAULT_BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
+DEFAULT_BATCH_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_REPEATS = 5
 CELL_SECONDS = 2.0  # a (method, m) cell stops repeating once it has spent this long
 SLOW_CALL = 1.0  # a call this long needs no warm-up: it is kept as the first repeat
-MAX_CALL_SECONDS = 60.0  # one call slower than this: the larger batch sizes are skipped
+MAX_CALL_SECONDS = 60.0  # one call slower than this (measured or extrapolated): larger m skipped
+MEMORY_SHARE = 0.5  # a call estimated to hold more than this share of the free memory: skipped
 
 # (mining seconds, loss seconds, pair scores evaluated, tuples mined) of one call
 Call = tuple[float, float, int, int]
@@ -130,15 +136,86 @@ def _call(method: Method, out0: Embedded, batch: Batch, timer: PhaseTimer) -> Ca
 
 def _repeat(
     method: Method, out0: Embedded, batch: Batch, timer: PhaseTimer, repeats: int,
-    cell_seconds: float,
-) -> tuple[list[tuple[float, float]], Call]:  # fmt: skip
-    """The cell's timings (see the module docstring) and its first call."""
+    cell_seconds: float, device: torch.device,
+) -> tuple[list[tuple[float, float]], Call, int | None]:  # fmt: skip
+    """The cell's timings (see the module docstring), its first call and the most memory that
+    call held (PeakMemory; None where it cannot be read)."""
     spent = time.perf_counter()
-    first = _call(method, out0, batch, timer)
+    with PeakMemory(device) as peak:
+        first = _call(method, out0, batch, timer)
     timings = [first[:2]] if first[0] + first[1] >= SLOW_CALL else []
     while len(timings) < repeats and (not timings or time.perf_counter() - spent < cell_seconds):
         timings.append(_call(method, out0, batch, timer)[:2])
-    return timings, first
+    return timings, first, peak.bytes
+
+
+def extrapolate(points: Sequence[tuple[int, float]], m: int) -> float | None:
+    """A call's cost (seconds, bytes) at batch size m, from the measured (size, cost) points:
+    the last point grown by the local exponent between the last two, clamped to [1, 3] (no
+    method grows faster than the m^3 of enumerating every triplet, and a step up from a
+    size where the cost was mostly fixed or reused memory would read steeper); 3 from a
+    single point. None when nothing positive was measured."""
+    measured = [(size, value) for size, value in points if value and value > 0]
+    if not measured:
+        return None
+    last_m, last = measured[-1]
+    exponent = 3.0
+    if len(measured) >= 2 and measured[-2][0] != last_m:
+        before_m, before = measured[-2]
+        exponent = math.log(last / before) / math.log(last_m / before_m)
+    return last * (m / last_m) ** min(3.0, max(1.0, exponent))
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+
+
+def too_large(
+    measured: Sequence[dict[str, Any]], m: int, free_bytes: int | None,
+    max_call_seconds: float = MAX_CALL_SECONDS,
+) -> str | None:  # fmt: skip
+    """Why batch size m should not be run, judged from the cells measured so far (their
+    `call_seconds` and `peak_bytes`, see extrapolate): one call would take more than
+    `max_call_seconds`, or hold more than MEMORY_SHARE of the `free_bytes` (None: unknown).
+    None when it may run."""
+    done = [c for c in measured if "skipped" not in c]
+    base = ", ".join(str(c["batch_size"]) for c in done[-2:])
+    seconds = extrapolate([(c["batch_size"], c.get("call_seconds")) for c in done], m)
+    if seconds is not None and seconds > max_call_seconds:
+        return (f"skipped: one call at m={m} would take about {seconds:.0f} s (over "
+                f"{max_call_seconds:.0f} s; extrapolated from m={base})")  # fmt: skip
+    needed = extrapolate([(c["batch_size"], c.get("peak_bytes")) for c in done], m)
+    if needed is not None and free_bytes is not None and needed > MEMORY_SHARE * free_bytes:
+        return (f"skipped: one call at m={m} would need about {_gib(needed)}, over "
+                f"{MEMORY_SHARE:.0%} of the {_gib(free_bytes)} free (extrapolated from "
+                f"m={base})")  # fmt: skip
+    return None
+
+
+def _cell(
+    ctx: RunContext, method: Method, context: MethodContext, m: int, repeats: int,
+    cell_seconds: float, warm: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """One measured cell at batch size m (see measure_scaling); `warm`: a warm-up call was
+    made already."""
+    import torch
+
+    timer = PhaseTimer(ctx.device)
+    generator = torch.Generator().manual_seed(ctx.seed)  # each size's inputs from the seed
+    k = ctx.protocol.sampler.images_per_class
+    out0, batch = _inputs(method, context, m, k, generator, ctx.device)
+    if not warm:  # once per method: lazy initialisation, first kernels
+        _call(method, out0, batch, timer)
+    timings, first, peak = _repeat(method, out0, batch, timer, repeats, cell_seconds, ctx.device)
+    mining = statistics.median(t[0] for t in timings)
+    loss = statistics.median(t[1] for t in timings)
+    cell = {"batch_size": m, "classes": m // k, "mining_ms": round(mining * 1e3, 4),
+            "loss_ms": round(loss * 1e3, 4), "evaluated": first[2], "tuples": first[3],
+            "repeats": len(timings),
+            "call_seconds": round(max(mining + loss, first[0] + first[1]), 4)}  # fmt: skip
+    if peak is not None:
+        cell["peak_bytes"] = peak
+    return cell
 
 
 def measure_scaling(
@@ -149,48 +226,53 @@ def measure_scaling(
     *,
     repeats: int = DEFAULT_REPEATS,
     cell_seconds: float = CELL_SECONDS,
+    max_call_seconds: float = MAX_CALL_SECONDS,
 ) -> list[dict[str, Any]]:
     """Per batch size: median mining and loss (forward + backward) milliseconds, pairs
     evaluated and tuples mined, on random inputs (see the module docstring) on the context's
-    device, drawn from its seed, K images per class as its protocol's sampler takes them.
-    `context`: what the method was built for (its stage_dims are the random features'; its
-    num_classes must be at least the largest P; coarse: at most its num_coarse_classes
-    superclasses, 4 when it has none). Cells that could not run carry a `skipped` reason."""
+    device, drawn from its seed, K images per class as its protocol's sampler takes them;
+    with the slower of the median and first call (`call_seconds`) and the first call's peak
+    memory (`peak_bytes`, where it can be read). `context`: what the method was built for
+    (its stage_dims are the random features'; its num_classes must be at least the largest
+    P; coarse: at most its num_coarse_classes superclasses, 4 when it has none). Cells that
+    could not run carry a `skipped` reason: a size whose call would take too long or not fit
+    in memory (too_large), or that ran out of memory, and every larger size."""
     import torch
 
     if method.loss is None:
         raise ValueError("a method without a loss has no training cost to measure")
-    device, images_per_class = ctx.device, ctx.protocol.sampler.images_per_class
-    timer = PhaseTimer(device)
-    generator = torch.Generator().manual_seed(ctx.seed)
     cells: list[dict[str, Any]] = []
     skip: str | None = None
-    warm = False
     for m in batch_sizes:
-        cell: dict[str, Any] = {"batch_size": m, "classes": m // images_per_class}
+        if skip is None and cells:
+            skip = too_large(cells, m, available_bytes(ctx.device), max_call_seconds)
         if skip is not None:
-            cells.append({**cell, "skipped": skip})
+            cells.append({"batch_size": m, "classes": m // ctx.protocol.sampler.images_per_class,
+                          "skipped": skip})  # fmt: skip
             continue
         try:
-            out0, batch = _inputs(method, context, m, images_per_class, generator, device)
-            if not warm:  # once per method: lazy initialisation, first kernels
-                _call(method, out0, batch, timer)
-                warm = True
-            timings, first = _repeat(method, out0, batch, timer, repeats, cell_seconds)
+            cells.append(_cell(ctx, method, context, m, repeats, cell_seconds, warm=bool(cells)))
         except (RuntimeError, MemoryError) as exc:
             if not _is_out_of_memory(exc) and not isinstance(exc, MemoryError):
                 raise
-            if device.type == "cuda":
+            if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
             skip = f"out of memory at m={m}"
-            cells.append({**cell, "skipped": skip})
+            cells.append({"batch_size": m, "classes": m // ctx.protocol.sampler.images_per_class,
+                          "skipped": skip})  # fmt: skip
             continue
-        mining = statistics.median(t[0] for t in timings)
-        loss = statistics.median(t[1] for t in timings)
-        cells.append(
-            {**cell, "mining_ms": round(mining * 1e3, 4), "loss_ms": round(loss * 1e3, 4),
-             "evaluated": first[2], "tuples": first[3], "repeats": len(timings)}
-        )  # fmt: skip
-        if max(mining + loss, first[0] + first[1]) > MAX_CALL_SECONDS:
-            skip = f"skipped: one call at m={m} took over {MAX_CALL_SECONDS:.0f} s"
+        if cells[-1]["call_seconds"] > max_call_seconds:
+            skip = f"skipped: one call at m={m} took over {max_call_seconds:.0f} s"
     return cells
+
+
+def measure_fixed_cost(
+    ctx: RunContext, method: Method, context: MethodContext, *, repeats: int = DEFAULT_REPEATS
+) -> dict[str, Any]:
+    """The method's fixed per-call cost: its mining and loss times on the smallest batch it
+    takes (2 classes x K images), where the work that grows with m is negligible. The time
+    fits keep only the sizes well above it (fit.py)."""
+    k = ctx.protocol.sampler.images_per_class
+    cell = measure_scaling(ctx, method, context, [2 * k], repeats=repeats)[0]
+    kept = ("batch_size", "mining_ms", "loss_ms", "repeats")
+    return {key: cell[key] for key in kept if key in cell}

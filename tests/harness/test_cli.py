@@ -172,7 +172,9 @@ def test_evaluate_all_vs_all_and_query_gallery(tmp_path: Path):
                "--labels", str(tmp_path / "l.npy"), "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(proc.stdout)
-    assert metrics.pop("warnings") == [proc.stderr.strip()]  # all-vs-all excludes each item
+    # all-vs-all excludes each item; nmi and f1 follow faiss's convention unless asked otherwise
+    assert metrics.pop("warnings") == proc.stderr.strip().splitlines()
+    assert proc.stderr.splitlines()[1].startswith("note: nmi and f1 from faiss k-means (20")
     assert metrics["recall@1"] == 1.0 and metrics["map@r"] == 1.0
     assert all(0.0 <= v <= 1.0 for k, v in metrics.items() if k != "lda")
     assert metrics["lda"] > 1  # a ratio: the two classes are far apart
@@ -186,7 +188,10 @@ def test_evaluate_all_vs_all_and_query_gallery(tmp_path: Path):
     assert json.loads(proc.stdout)["recall@1"] == 0.5
 
 
-def test_evaluate_clustering_option_picks_the_k_means_convention(tmp_path: Path, capsys):
+def test_evaluate_clustering_option_picks_the_k_means_convention(
+    tmp_path: Path, capsys, monkeypatch
+):
+    from harness.cli.evaluate import convention_note
     from harness.evaluate import compute_metrics
 
     rng = np.random.default_rng(0)
@@ -206,10 +211,19 @@ def test_evaluate_clustering_option_picks_the_k_means_convention(tmp_path: Path,
         )
         assert printed[convention] == pytest.approx(expected, abs=1e-12)
     assert printed["harness"]["nmi"] > printed["faiss"]["nmi"]  # here 0.839 against 0.755
-    assert main(files) == 0  # the default is the harness convention
-    assert json.loads(capsys.readouterr().out) == {**printed["harness"], "warnings": [
+    assert main(files) == 0  # the default is faiss's convention (the published tables')
+    assert json.loads(capsys.readouterr().out) == {**printed["faiss"], "warnings": [
         "note: all-vs-all: each of the 72 items queries the other 71; it is excluded from its "
-        "own gallery"]}  # fmt: skip
+        "own gallery", convention_note("faiss", chosen=False)]}  # fmt: skip
+    assert "--clustering harness" in convention_note("faiss", chosen=False)
+    monkeypatch.setattr("harness.cli.evaluate.KMEANS_FAISS", None)  # faiss not installed
+    assert main(files) == 0
+    printed_without = json.loads(capsys.readouterr().out)
+    assert printed_without["warnings"][1] == (
+        "note: nmi and f1 from the harness's k-means (k-means++ start, up to 100 iterations)"
+        " (faiss is not installed); --clustering faiss for the published tables' convention"
+    )
+    assert {**printed_without, "warnings": []} == {**printed["harness"], "warnings": []}
     with pytest.raises(SystemExit) as info:
         main([*files, "--clustering", "fais"])
     assert info.value.code == 2

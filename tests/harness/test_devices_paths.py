@@ -1,6 +1,6 @@
 """The GPU paths against the CPU's: most tests run on the CPU everywhere (so their own logic is
-checked on every machine) and again on CUDA where a GPU is present (the lent H100 runs
-them through tests/benchmarks/gpu_checks.sh). On CUDA they check what a CPU cannot:
+checked on every machine) and again on CUDA where a GPU is present (the `tests` step of
+tests/benchmarks/gpu_checks.sh runs them there). On CUDA they check what a CPU cannot:
 training in float32 matches the CPU's within TF32 rounding, bf16 autocast on a channels-last
 CNN, pinned batches from worker processes, nvJPEG's pixels against PIL's, compiled steps,
 and the kNN metrics above faiss's threshold, where `auto` picks the GPU's own top-K."""

@@ -1,8 +1,10 @@
 """Retrieval and clustering metrics for embeddings; these definitions are the harness's contract.
 
-The package: ``report`` (the entry points), ``onepass`` (one chunked pass over the distances,
-see there), ``ranks`` and ``topk`` (retrieval), ``fast_topk`` (exact top-K at float32 speed),
-``distances`` (LDA moments), ``clustering`` (k-means, NMI, F1), ``inputs`` (names and checks).
+The package: ``report`` (the entry points), ``counted`` (the pass over Euclidean distances:
+float32 products, exact ranks counted, see there), ``negatives`` (its LDA sums), ``onepass``
+(the float64 pass a learned scorer ranks by, see there), ``ranks`` and ``topk`` (retrieval),
+``fast_topk`` (exact top-K at float32 speed), ``distances`` (LDA moments), ``clustering``
+(k-means, NMI, F1), ``inputs`` (names and checks).
 
 The harness's own runs and ``python -m harness evaluate`` (user-provided embeddings) both report
 the numbers computed here, so every choice below is deliberate and tested.
@@ -17,8 +19,11 @@ Modes
 Ranking
     By squared Euclidean distance ascending, or, when a ``scorer`` is given, by its similarity
     descending. Ties are broken by the lower gallery index first (a stable order), exactly, in
-    the torch path. Distances are computed in float64 (float32 on MPS), so integer-valued
-    embeddings give exact ties.
+    the torch path. The ranking is that of the float64 keys ||g||^2 - 2 q.g (float32 on MPS),
+    so integer-valued embeddings give exact ties. The Euclidean pass finds it from float32
+    products and a proven rounding bound, computing float64 keys only for the items the bound
+    cannot place (harness.evaluate.metrics.counted): the same ranks, so every retrieval metric
+    equals the one a full float64 sort of each row gives, bit for bit.
 
 Retrieval metrics (each a mean over the non-lone queries)
     R = number of gallery items with the query's label (the query itself excluded in all-vs-all).
@@ -66,9 +71,12 @@ Distance distributions
       (m-, v-) the mean and variance of the Euclidean distances of all positive (negative) pairs:
       the unordered pairs i < j in all-vs-all mode, every query x gallery pair otherwise.
       Variances are the population ones (divided by the count). Always on the embeddings'
-      Euclidean distances, even when a ``scorer`` ranks. Computed exactly, in float64 row chunks
-      of the one pass, as sums shifted by one actual pair distance (harness/evaluate/metrics/distances.py);
-      not a fraction: >= 0 and
+      Euclidean distances, even when a ``scorer`` ranks. Computed in row chunks of the one pass
+      as shifted sums (harness/evaluate/metrics/distances.py): in float64 up to 2^24 query x
+      gallery pairs; above, the negative pairs' distances come from the float32 products,
+      centred so that rounding neither scales nor shifts them: the score agrees with the
+      float64 one to 1e-9 where the classes separate, and to about 1e-13 absolute where they
+      do not and it is near 0 (harness/evaluate/metrics/negatives.py); not a fraction: >= 0 and
       unbounded (0 when every distance is equal, inf when both variances are 0 and the means
       differ). Needs at least one positive and one negative pair.
 

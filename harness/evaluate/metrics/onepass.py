@@ -1,5 +1,9 @@
 """One chunked pass over the query rows: keys once per chunk, every requested metric from it.
 
+This float64 pass serves a learned scorer (and MPS); Euclidean ranking takes the counted pass
+(harness.evaluate.metrics.counted), which gives the same ranks from float32 products. The
+tests hold the two to the same numbers.
+
 Per chunk of query rows the pass computes the float64 keys ||g||^2 - 2 q.g (one matrix
 product; or the learned scorer's negated similarities), then from that one matrix:
     * the exact ranks of the relevant items (one sort of the chunk, see harness.evaluate.metrics.ranks),

@@ -21,6 +21,7 @@ from harness.core import (
     resolve_device,
 )
 from harness.evaluate.metrics import clustering, topk
+from harness.evaluate.metrics.counted import counted_pass
 from harness.evaluate.metrics.distances import PairMoments
 from harness.evaluate.metrics.fast_topk import fast_topk_pass
 from harness.evaluate.metrics.inputs import (
@@ -323,9 +324,14 @@ def _distance_metrics(
     exact_retrieval = wants_retrieval and not fast and (backend == "torch" or "map" in names)
     if exact_retrieval or wants_lda:
         pass_ks, pass_names = (ks, names) if backend == "torch" else ([], names & {"map"})
-        exact_pass(split, ks=pass_ks if exact_retrieval else [], names=pass_names,
-                   scorer=scorer, chunk_size=chunk_size, retrieval=exact_retrieval,
-                   lda=moments, sums=sums)  # fmt: skip
+        if scorer is None and split.exact_dtype == torch.float64:
+            counted_pass(split, ks=pass_ks if exact_retrieval else [], names=pass_names,
+                         chunk_size=chunk_size, retrieval=exact_retrieval, lda=moments,
+                         sums=sums)  # fmt: skip
+        else:
+            exact_pass(split, ks=pass_ks if exact_retrieval else [], names=pass_names,
+                       scorer=scorer, chunk_size=chunk_size, retrieval=exact_retrieval,
+                       lda=moments, sums=sums)  # fmt: skip
     if wants_retrieval:
         result.update(sums.means(len(split.active)))
         per_query.update(sums.per_query())
