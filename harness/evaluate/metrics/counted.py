@@ -38,9 +38,9 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from harness.evaluate.metrics.distances import PairMoments, add_chunk_pairs
+from harness.evaluate.metrics.distances import PairMoments
 from harness.evaluate.metrics.negatives import Exact, Negatives, float32_pairs, use_numpy
-from harness.evaluate.metrics.onepass import Split, Sums, distinct_rows, retrieval_depth
+from harness.evaluate.metrics.onepass import Split, Sums, exact_pass, retrieval_depth
 from harness.evaluate.metrics.ranks import class_members, rank_metrics
 
 #: Items located at once, at most (a row with more is located alone): about 40 bytes each.
@@ -70,13 +70,7 @@ class Centred:
     q_aug: torch.Tensor  # [Q, D + 4] float32: centred query, 1, 1, its squared norm (hi, lo)
     g_aug: torch.Tensor  # [G, D + 4] float32: -2 x centred item, its squared norm (hi, lo), 1, 1
     err: torch.Tensor  # [Q] float64: |k32 - (k64 + row constant)| <= err
-
-    @property
-    def g_aug_t(self) -> np.ndarray:
-        """g_aug transposed, contiguous (numpy's BLAS reads it faster), made once."""
-        if "_g_aug_t" not in self.__dict__:
-            object.__setattr__(self, "_g_aug_t", np.ascontiguousarray(self.g_aug.numpy().T))
-        return self.__dict__["_g_aug_t"]
+    g_aug_t: np.ndarray | None  # on the CPU: g_aug transposed, contiguous (numpy's BLAS)
 
     @classmethod
     def of(cls, q: torch.Tensor, g: torch.Tensor) -> Centred:
@@ -94,6 +88,8 @@ class Centred:
         one_g = torch.ones(len(gc), 2, dtype=torch.float32, device=q.device)
         # the squared norms less half the level, as float32 pairs hi + lo: rounding them would
         # shift every distance of a row (or a column) alike, and the LDA score's sums with it
+        g_aug = torch.cat([-2 * gc, _hi_lo(gc_sq - level / 2), one_g], 1).contiguous()
+        on_cpu = g_aug.device.type == "cpu"
         return cls(
             q64=q64,
             g64=g64,
@@ -101,8 +97,9 @@ class Centred:
             g_sq64=(g64 * g64).sum(1),
             q_sq64=(q64 * q64).sum(1),
             q_aug=torch.cat([qc, one_q, _hi_lo(qc_sq - level / 2)], 1).contiguous(),
-            g_aug=torch.cat([-2 * gc, _hi_lo(gc_sq - level / 2), one_g], 1).contiguous(),
+            g_aug=g_aug,
             err=_rounding_bound(q64, g64, qc, gc, level),
+            g_aug_t=np.ascontiguousarray(g_aug.numpy().T) if on_cpu else None,
         )
 
     def keys32(self, rows: torch.Tensor, out: np.ndarray | None = None) -> torch.Tensor:
@@ -389,11 +386,15 @@ def counted_pass(
     of the interpreter, and no library's idle threads spin against the others'. The parts'
     results are added in order, so the numbers do not depend on the number of cores."""
     exact_lda = lda is not None and len(split.q_ids) * len(split.g_ids) < FLOAT32_LDA_MIN_PAIRS
+    if exact_lda:  # few pairs: the float64 pass's LDA, as it always was
+        exact_pass(split, ks=[], names=set(), scorer=None, chunk_size=chunk_size,
+                   retrieval=False, lda=lda, sums=Sums())  # fmt: skip
     pass_ = _Pass(split, ks, names, retrieval, lda is not None and not exact_lda)
     rows_all = torch.arange(len(split.q_ids), device=split.q_emb.device)
+    # with lda asked for, chunks of every row, as the exact pass cuts them: the same sums
     rows_pool = rows_all if lda is not None else split.active
     cpu = split.q_emb.device.type == "cpu"
-    workers = min(MAX_THREADS, torch.get_num_threads()) if cpu and not exact_lda else 1
+    workers = min(MAX_THREADS, torch.get_num_threads()) if cpu else 1
     negatives = Negatives(pass_.cent.level) if pass_.float_lda else None
     with _one_thread_each(workers > 1), ThreadPoolExecutor(workers) as pool:
         for start in range(0, len(rows_pool), chunk_size):
@@ -408,9 +409,6 @@ def counted_pass(
                     negatives.add(lda, *pairs)
             for name, values in chunk.items():  # one sum per chunk, as the exact pass adds
                 sums.add(name, torch.cat(values))
-            if exact_lda:
-                add_chunk_pairs(lda, pass_.full.keys(rows), rows, pass_.full.q_sq, split.q_ids,
-                                split.g_ids, pass_.members, all_vs_all=split.all_vs_all)  # fmt: skip
     if negatives is not None:
         negatives.finish(lda)
 
@@ -443,7 +441,6 @@ class _Pass:
         self.depth = retrieval_depth(split, ks, names) if retrieval else 0
         self.is_active = torch.zeros(len(split.q_ids), dtype=torch.bool, device=split.q_emb.device)
         self.is_active[split.active] = True
-        self.full = _FullKeys(split)
         self.local = threading.local()
 
     def _buffer(self, n: int, name: str = "keys") -> np.ndarray | None:
@@ -480,22 +477,3 @@ class _Pass:
         pairs = float32_pairs(k32, rows, partners, exact_sq, split.all_vs_all, exact_pairs,
                               self._buffer(len(rows), "scratch"))  # fmt: skip
         return adds, pairs
-
-
-class _FullKeys:
-    """Rows' full float64 keys, as the exact pass computes them (duplicates share a key)."""
-
-    def __init__(self, split: Split) -> None:
-        self.split = split
-        self.made = False
-
-    def keys(self, rows: torch.Tensor) -> torch.Tensor:
-        if not self.made:  # lazily: most calls never need a full row
-            dtype = self.split.exact_dtype
-            self.q = self.split.q_emb.to(dtype)
-            self.g, self.copies = distinct_rows(self.split.g_emb.to(dtype))
-            self.g_sq = (self.g * self.g).sum(1)
-            self.q_sq = (self.q * self.q).sum(1)
-            self.made = True
-        keys = torch.addmm(self.g_sq.unsqueeze(0), self.q[rows], self.g.T, beta=1.0, alpha=-2.0)
-        return keys if self.copies is None else keys[:, self.copies]
