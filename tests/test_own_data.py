@@ -152,6 +152,33 @@ def test_oml_columns_map_to_parts_labels_and_categories(tmp_path):
         table.listing(oml_table(tmp_path / "mixed", mixed))
 
 
+def test_csv_and_folder_follow_the_same_symlinked_images(tmp_path):
+    """Images kept elsewhere, listed through links inside the root (a linked image, a linked
+    folder): the path is judged as written, so both datasets list them and the csv runs."""
+    store = oml_table(tmp_path / "store", oml_rows())  # the real images live here
+    root = tmp_path / "oml"
+    root.mkdir()
+    (root / "img").symlink_to(store / "images")  # a linked folder
+    rows = oml_rows()
+    for r in rows:
+        r["path"] = r["path"].replace("images/", "img/")
+    rows[0]["path"] = "own.png"
+    (root / "own.png").symlink_to(store / "images" / "0_0.png")  # a linked image
+    oml_table(root, rows)
+    found = table.listing(root)
+    assert found.files[:2] == [str(root.resolve() / "own.png"), str(root.resolve() / "img/0_1.png")]
+    assert found.to_images().files[:2] == ("own.png", "img/0_1.png")
+    classes = tmp_path / "classes"
+    for c in range(4):
+        (classes / f"class{c}").mkdir(parents=True)
+        for i in range(4):
+            (classes / f"class{c}" / f"{i}.png").symlink_to(store / "images" / f"{c}_{i}.png")
+    assert len(folder.listing(classes).files) == 16
+    results = tmp_path / "results"
+    assert run(tmp_path, protocol(tmp_path, "csv", official=True), root, results) == 0
+    assert result(results)["status"] == "ok"
+
+
 def _one_class(tmp: Path) -> list[str]:
     return ["folder", str(image_folder(tmp / "d", classes=1))]
 
@@ -193,8 +220,9 @@ BAD = {
     "one class": (_one_class, "holds 1 class folder (class0)"),
     "empty class folder": (_empty_class, "zzz holds no images"),
     "csv without split": (_no_column, "has no column 'split'"),
-    "csv path ../": (_path_outside("../x.png"), "'../x.png' points outside the data root"),
-    "csv absolute path": (_path_outside("{tmp}/x.png"), "points outside the data root"),
+    "csv path ../": (_path_outside("../x.png"), "'../x.png' has a '..' component"),
+    "csv path a/../../": (_path_outside("images/../../x.png"), "has a '..' component and leads"),
+    "csv absolute path": (_path_outside("{tmp}/x.png"), "x.png' is absolute; paths are relative"),
     "listed file missing": (_missing_file, "2_1.png is missing"),
     "class under K": (_small_class, "fewer than images_per_class=4 images: class0 (3)"),
 }

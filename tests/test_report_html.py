@@ -10,6 +10,7 @@ The browser tests skip, saying why, where selenium, chromium or chromedriver is 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import sys
 import types
@@ -159,6 +160,34 @@ def test_each_method_has_a_page_with_its_figures_and_provenance(small):
     assert f'<img src="../assets/default/{SAVED}_retrieval_seed0.png"' in saved
     cost = (index.parent / "cost.html").read_text(encoding="utf-8")
     assert 'src="assets/cost_default.png"' in cost and "mining ms" in cost
+
+
+@pytest.fixture(scope="module")
+def two_protocols(tmp_path_factory) -> Path:
+    """The report of the committed default and omniglot runs of METHODS: enough for the
+    critical-difference diagram and the bump chart (two protocols, three shared methods)."""
+    load_methods()
+    results = _results(tmp_path_factory.mktemp("two") / "results", cost=False)
+    for method in METHODS:
+        shutil.copytree(REFERENCE / "runs" / "omniglot" / method,
+                        results / "runs" / "omniglot" / method)  # fmt: skip
+    return write_report(results)
+
+
+def test_the_front_page_opens_with_the_figures_at_a_glance(two_protocols):
+    """First the critical-difference diagram, then the bump chart, then each protocol's
+    forest plot linking to its table; the tables' definitions behind a fold."""
+    text = two_protocols.read_text(encoding="utf-8")
+    images = re.findall(r'<img src="([^"]+)"', text)
+    assert images[:4] == ["assets/glance/cd_diagram.png", "assets/glance/ranks_bump.png",
+                          "assets/glance/forest_default.png", "assets/glance/forest_omniglot.png"]  # fmt: skip
+    for png in images[:4]:
+        assert (two_protocols.parent / png).is_file()
+    for protocol in ("default", "omniglot"):
+        link = re.search(rf'<figure id="figure-forest_{protocol}"><a href="#([^"]+)">', text)
+        assert f'<section id="{link.group(1)}">' in text
+    assert text.index('id="glance"') < text.index("<details") < text.index("<h2>Contents</h2>")
+    assert "Nemenyi" in text and "Kendall&#x27;s tau between neighbours" in text
 
 
 def test_a_retrieval_grid_that_cannot_be_drawn_is_a_line_on_the_page(tmp_path, monkeypatch):
@@ -407,6 +436,18 @@ def test_every_page_works_in_a_browser(small, browser, tmp_path):
     _check_sorting(browser, index)
     _open(browser, index.parent / "default" / f"{SAVED}.html")
     _screenshot(browser, tmp_path / f"{SAVED}.png")
+
+
+def test_the_figures_at_a_glance_load_in_a_browser(two_protocols, browser, tmp_path):
+    _open(browser, two_protocols)  # every image decodes, every anchor resolves
+    widths = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#glance img'))"
+        ".map(i => [i.getAttribute('src'), i.naturalWidth])"
+    )
+    assert [src for src, _ in widths][:2] == ["assets/glance/cd_diagram.png",
+                                              "assets/glance/ranks_bump.png"]  # fmt: skip
+    assert len(widths) == 4 and all(width > 0 for _, width in widths), widths
+    _screenshot(browser, tmp_path / "glance-index.png")
 
 
 def test_a_real_retrieval_grid_loads_in_a_browser(saved, browser, tmp_path):

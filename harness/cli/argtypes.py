@@ -65,6 +65,7 @@ def add_tracker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tracker-uri", metavar="URI",
         help="where the tracker writes: a TensorBoard log folder, or an MLflow tracking URI "
-        "(http://host:5000, sqlite:///file.db, ...); default: <results-dir>/tracking/tensorboard "
+        "(http://host:5000, sqlite:///file.db, ...; a server is probed once, in seconds, before "
+        "any run); default: <results-dir>/tracking/tensorboard "
         "or sqlite:///<results-dir>/tracking/mlflow/mlflow.db",
     )  # fmt: skip

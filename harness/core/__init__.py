@@ -43,6 +43,7 @@ from harness.core.metric_names import (
     UNBOUNDED_METRICS,
     is_single_metric,
 )
+from harness.core.names import NAME_PATTERN, is_plain_name, safe_folder
 from harness.core.pair_auc import euclidean_score, sample_pairs
 from harness.core.paths import (
     PROTOCOL_DIR,
@@ -180,6 +181,9 @@ __all__ = [
     "registered",
     "register_method",
     "resolve_device",
+    "safe_folder",
+    "is_plain_name",
+    "NAME_PATTERN",
     "sample_pairs",
     "seed_problem",
     "source_tree",

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.core.errors import HarnessError
+from harness.core.names import NAME_RULE, is_plain_name
 from harness.core.registry import Registry, closest
 from harness.core.search import Choice, Float, Int, SearchSpace, check_space
 from harness.core.tuples import Diagnostics, Embedded, Miner, Scorer
@@ -259,7 +260,9 @@ def register_method(
 ) -> Callable[[Callable[..., Method]], Callable[..., Method]]:
     """Register `build(ctx, **hyperparameters) -> Method`; bump `version` when results change.
     `family` is one of FAMILIES: the kind of tuples its miner returns; `search` the ranges
-    `harness tune` may try (harness.core.search), each holding the paper default."""
+    `harness tune` may try (harness.core.search), each holding the paper default. The name
+    names the results folder, so it follows the protocols' rule (harness.core.names)."""
+    check_method_name(name)
     check_family(family)
 
     def decorate(build: Callable[..., Method]) -> Callable[..., Method]:
@@ -280,6 +283,19 @@ def register_method(
         return build
 
     return decorate
+
+
+def check_method_name(name: object) -> None:
+    """A registered name is one plain folder name (harness.core.names): `../../escaped` would
+    write its results outside --results-dir, `a b` or `x<y` would make an awkward folder, and
+    `:` or `+` would read as a `pml:Loss+Miner` name or a tuned run (`contrastive+tuned`). The
+    error names where the registration came from (a plugin file, a distribution)."""
+    if not is_plain_name(name):
+        raise HarnessError(
+            f"method name {name!r} from {describe_source(_REGISTERING['source'])} is not "
+            f"allowed: a method name must {NAME_RULE} (it names the results folder "
+            "runs/<protocol>/<method>/); rename it in register_method(...)"
+        )
 
 
 def check_signature(name: str, build: Callable[..., Method]) -> None:

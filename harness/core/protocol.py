@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -29,13 +28,13 @@ from harness.core.metric_names import (
     SINGLE_METRICS,
     is_single_metric,
 )
+from harness.core.names import NAME_RULE, is_plain_name
 from harness.core.paths import PROTOCOL_DIR
 from harness.core.reference import check_entry
 from harness.core.registry import closest
 from harness.core.seeds import seed_problem
 
 SCHEMA_VERSION = 1
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 
 
 def _check(condition: bool, message: str) -> None:
@@ -264,9 +263,8 @@ class Protocol:
     def __post_init__(self) -> None:
         _check(self.schema == SCHEMA_VERSION, f"schema must be {SCHEMA_VERSION}")
         # the name is a folder under --results-dir: one plain path component, no '/' or '..'
-        _check(bool(re.fullmatch(NAME_PATTERN, self.name)),
-               f"name must start with a letter or digit and hold only letters, digits, '_', "
-               f"'.' and '-' (it names the results folder), got {self.name!r}")  # fmt: skip
+        _check(is_plain_name(self.name),
+               f"name must {NAME_RULE} (it names the results folder), got {self.name!r}")  # fmt: skip
         _check(self.version >= 1, "version must be >= 1")
         _check(self.embedding_dim >= 1, "embedding_dim must be >= 1")
         problem = seed_problem(self.seeds)  # at least one, each in [0, 2**32), none twice

@@ -92,8 +92,8 @@ def decode(path: str | Path, size: int, box: np.ndarray | None = None) -> np.nda
 def relative_paths(paths: Sequence[str], root: str | Path) -> tuple[str, ...]:
     """Each path relative to `root`, with POSIX separators: what `run --save-embeddings`
     records per row (paths.txt), so that a row names its image on any machine holding the
-    dataset. A path under the resolved root (a csv table's paths are resolved) counts as under
-    the root; one outside both is written as os.path.relpath gives it (leading `..`)."""
+    dataset. A path under the resolved root (a csv table's paths are joined to it) counts as
+    under the root; one outside both is written as os.path.relpath gives it (leading `..`)."""
     root = Path(root)
     prefixes = [os.path.join(str(r), "") for r in dict.fromkeys((root, root.resolve()))]
 

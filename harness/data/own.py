@@ -4,9 +4,10 @@ fixed split, the checks a run makes before training, and the problems `data veri
 
 A listing decodes nothing: it becomes a LabelledImages over a LazyImages (decoded batch by
 batch, like the paper datasets). Structural mistakes (one class, an empty class folder, a
-missing column, a path outside the data root, a class in both parts) are HarnessErrors at
-listing time; `problems` lists what a run must not train on (missing files, classes with fewer
-than K training images) one line each, and `data verify` adds files that do not decode.
+missing column, a csv path that is absolute or has a `..` component, a class in both parts)
+are HarnessErrors at listing time; `problems` lists what a run must not train on (missing
+files, classes with fewer than K training images) one line each, and `data verify` adds files
+that do not decode.
 """
 
 from __future__ import annotations

@@ -2,21 +2,22 @@
 unchanged.
 
 The table is `<data-root>/<table>` (default `dataset.csv`), one row per image, columns:
-`label` (the fine class), `path` (relative to the data root; a path that leads outside it is
-an error), `split` (`train` or `validation`: OML's validation rows are the harness's test
-part), `is_query` and `is_gallery` (on validation rows; absent: every validation row is both),
-optional `category` (the coarse label). Other columns (OML's `x_1, y_1, x_2, y_2` boxes,
-`sequence`, ...) are ignored. The split is the table's: the protocol must say
-`split: {official: true}`. Validation rows that are all both query and gallery are searched
-all-vs-all (part `test`); rows that are each query or gallery, not both, rank the queries
-against the gallery (In-shop's `query` / `gallery`); a mix of the two is an error, since one
-evaluation cannot be both.
+`label` (the fine class), `path` (relative to the data root and judged as written: an
+absolute path or one with a `..` component is an error; symbolic links on the way are followed
+wherever they point, as the folder dataset follows them), `split` (`train` or `validation`:
+OML's validation rows are the harness's test part), `is_query` and `is_gallery` (on validation
+rows; absent: every validation row is both), optional `category` (the coarse label). Other
+columns (OML's `x_1, y_1, x_2, y_2` boxes, `sequence`, ...) are ignored. The split is the
+table's: the protocol must say `split: {official: true}`. Validation rows that are all both
+query and gallery are searched all-vs-all (part `test`); rows that are each query or gallery,
+not both, rank the queries against the gallery (In-shop's `query` / `gallery`); a mix of the
+two is an error, since one evaluation cannot be both.
 """
 
 from __future__ import annotations
 
 import csv
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 
@@ -58,16 +59,25 @@ def _flag(value: str, column: str, where: str) -> bool:
 
 
 def _file(root: Path, value: str, where: str) -> str:
-    """The row's image path under the data root; one that leads outside it is an error."""
+    """The row's image path under the data root, judged by what is written, as the folder
+    dataset judges its files: relative, with no `..` component. A symbolic link on the way
+    (a linked image, a linked folder) is followed wherever it points, so a table can list
+    images kept elsewhere through links inside the root, as a folder dataset can."""
     if not value:
         raise HarnessError(f"csv: {where}: the path is empty")
-    path = (root / value).resolve()
-    if not path.is_relative_to(root.resolve()):
+    written = PurePath(value)
+    if written.is_absolute():
         raise HarnessError(
-            f"csv: {where}: path {value!r} points outside the data root {root}; paths are "
-            "relative to the folder holding the table: move the image inside it"
+            f"csv: {where}: path {value!r} is absolute; paths are relative to the folder "
+            "holding the table: write it relative to the data root (a link inside the root "
+            "may point elsewhere)"
         )
-    return str(path)
+    if ".." in written.parts:
+        raise HarnessError(
+            f"csv: {where}: path {value!r} has a '..' component and leads outside the data "
+            f"root {root}; move the image inside it, or link to it from inside it"
+        )
+    return str(root.resolve() / written)
 
 
 def _evaluation_parts(flags: list[tuple[bool, bool]], table: Path) -> list[str]:

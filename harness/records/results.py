@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.core import HarnessError
+from harness.core import HarnessError, safe_folder
 
 RESULT_SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)  # 1: schema 2 without `sweep_seeds`; read as is
@@ -302,7 +302,10 @@ class RunResult(Record):
 
 
 def result_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
-    return Path(results_dir) / "runs" / protocol / method / f"seed{seed}.json"
+    """runs/<protocol>/<method>/seed<k>.json under results_dir; a protocol or method (run
+    folder) name that is not one plain folder name is a HarnessError, never a path elsewhere."""
+    protocol, method = safe_folder(protocol, "protocol"), safe_folder(method, "method")
+    return Path(results_dir) / "runs" / protocol / method / f"seed{int(seed)}.json"
 
 
 def embeddings_dir(result: Path) -> Path:

@@ -4,13 +4,20 @@ explicit run ids and no global state). Imported only when a run asks for one."""
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import re
 import shutil
+import ssl
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from harness.core import HarnessError
 from harness.records.tracking import (
@@ -19,10 +26,17 @@ from harness.records.tracking import (
     TRACKERS,
     Tracker,
     TrackerConfig,
+    first_line,
 )
 
 IDENTITY_TAG = "harness.identity"  # the MLflow tag a resumed run is found again by
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a parameter's value
+# MLflow retries a failed HTTP request 7 times with a growing backoff, each try allowed 120 s:
+# a tracking server that is down held the start of a command for six minutes. The harness
+# bounds it: before any run, one request of PROBE_SECONDS; during a run, each call to the
+# server RUN_RETRIES retries of at most RUN_TIMEOUT s (then the tracker warns and stops).
+PROBE_SECONDS = 5
+RUN_RETRIES, RUN_TIMEOUT = 2, 10
 
 
 def _params_table(params: dict[str, Any]) -> str:
@@ -97,17 +111,80 @@ def _experiment(client: Any, config: TrackerConfig) -> str:
         return client.get_experiment_by_name(EXPERIMENT).experiment_id
 
 
+def is_server(uri: str | None) -> bool:
+    """Whether a tracking URI names a server over the network (http:// or https://); a
+    local store (sqlite:, file:, a folder) is not probed."""
+    return urlsplit(str(uri or "")).scheme.lower() in ("http", "https")
+
+
+def probe_server(uri: str, option: str, seconds: float = PROBE_SECONDS) -> None:
+    """One request to a tracking server, with a timeout of `seconds` and no retries, before
+    any run: a server that is down (nothing listening, a host that does not answer, a name
+    that does not resolve) is a one-line error in seconds, not after MLflow's minutes of
+    retries. Any answer, even an HTTP error status or a TLS complaint, means something listens:
+    MLflow's own check (check_mlflow) then judges it."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(uri), timeout=seconds):
+            return
+    except urllib.error.HTTPError:
+        return  # an answer (401, 404, 503 ...): the server is there
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLError):
+            return  # it answered, over TLS: MLflow's client (its own TLS settings) judges it
+        reason: object = exc.reason
+    except http.client.HTTPException:
+        return  # it answered, though not as HTTP expects: MLflow's check says what is wrong
+    except ValueError:
+        return  # a URI urllib cannot send (credentials in it, ...): MLflow's check judges it
+    except OSError as exc:  # a timeout while reading the answer
+        reason = exc
+    if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+        reason = f"no answer within {seconds:g} s"
+    raise HarnessError(
+        f"the mlflow tracker cannot reach the server {uri} ({option}): {reason}; start the "
+        "tracking server (or fix the URI), or drop --tracker"
+    )
+
+
+@contextmanager
+def bounded_http(uri: str | None, retries: int, timeout: int) -> Iterator[None]:
+    """MLflow's HTTP retries and per-request timeout bounded while the block runs, for a
+    tracking server's URI (nothing changes for a local store). A value the user set in the
+    environment (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT) wins; urllib3's
+    one warning per retry is held back, since the harness says once what failed."""
+    if not is_server(uri):
+        yield
+        return
+    bounds = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(retries),
+              "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout)}  # fmt: skip
+    added = [name for name in bounds if name not in os.environ]
+    retry_log = logging.getLogger("urllib3.connectionpool")
+    level = retry_log.level
+    os.environ.update({name: bounds[name] for name in added})
+    retry_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        retry_log.setLevel(level)
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def check_mlflow(config: TrackerConfig, option: str) -> None:
-    """Open the store once before any training: a bad URI is a one-line error here."""
+    """Open the store once before any training: a bad URI is a one-line error here. A
+    tracking server is first probed with one short request (probe_server), and the store is
+    opened with MLflow's retries bounded, so a server that is down costs seconds."""
     from mlflow.tracking import MlflowClient
 
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating tables"
+    if is_server(config.uri):
+        probe_server(str(config.uri), option)
     try:
-        _experiment(MlflowClient(tracking_uri=config.uri), config)
+        with bounded_http(config.uri, retries=1, timeout=2 * PROBE_SECONDS):
+            _experiment(MlflowClient(tracking_uri=config.uri), config)
     except Exception as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise HarnessError(f"the mlflow tracker cannot use {config.uri} ({option}): "
-                           f"{reason[:300]}") from None  # fmt: skip
+                           f"{first_line(exc)}") from None  # fmt: skip
 
 
 class MlflowTracker(Tracker):
@@ -171,6 +248,12 @@ class MlflowTracker(Tracker):
 
     def reference(self) -> str | None:
         return None if self.broken else self.run_id
+
+    def _guard(self, call: Callable[..., None], *args: Any) -> None:
+        """Each call with MLflow's HTTP retries bounded (a few seconds, not minutes, when a
+        tracking server stops answering), then guarded as every tracker call is."""
+        with bounded_http(self.config.uri, RUN_RETRIES, RUN_TIMEOUT):
+            super()._guard(call, *args)
 
 
 def _import(kind: str) -> None:

@@ -50,6 +50,13 @@ def metric_key(name: str) -> str:
     return re.sub(r"[^\w./\- ]", "_", name.replace("@", "_at_"))
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's first line (its type when it has no message), cut to `limit` chars:
+    MLflow's and urllib3's messages run over many lines, and an error or warning is one."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
 class Tracker:
     """The interface, and the tracker that tracks nothing. Every call of a real tracker is
     guarded: the first exception (a server gone, a full disk) is logged as one warning, and
@@ -89,8 +96,9 @@ class Tracker:
             call(*args)
         except Exception as exc:  # a side channel: never the run's failure
             self.broken = True
-            log.warning("%s tracking stopped (the run goes on, its result is written as "
-                        "always): %s: %s", self.kind, type(exc).__name__, exc)  # fmt: skip
+            log.warning("%s tracking at %s stopped (the run goes on, its result is written "
+                        "as always): %s: %s", self.kind, self.config.uri,
+                        type(exc).__name__, first_line(exc))  # fmt: skip
 
     def _start(self, name: str, identity: str, params: dict[str, Any]) -> None: ...
 

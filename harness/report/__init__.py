@@ -1,5 +1,6 @@
 """Reporting: results -> the leaderboard (regenerated from results, never edited), the static
-HTML report, verdicts (intervals and significance), figures, the cost tables, and CI's
+HTML report, verdicts (intervals and significance), the figures at a glance (critical-difference
+diagram, ranks across protocols, forest plots), other figures, the cost tables, and CI's
 regression check."""
 
 from harness.report.cost_tables import (
@@ -12,14 +13,27 @@ from harness.report.cost_tables import (
     overhead_line,
 )
 from harness.report.figures import by_family, cost_figure, distance_histograms, training_curve
+from harness.report.forest import Forest, dumbbells, forest
+from harness.report.glance import Glance, draw_glance, glance_section
 from harness.report.html import write_report
 from harness.report.leaderboard import render, write_leaderboard
+from harness.report.ranks import Block, RankTest, protocol_blocks, rank_test
 from harness.report.reference import reference_section
 from harness.report.regression import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
 from harness.report.retrieval import RetrievalRow, RowChoice, draw_retrieval_grid, select_rows
 from harness.report.verdicts import against_best, describe, per_seed, row_names
 
 __all__ = [
+    "Block",
+    "Forest",
+    "Glance",
+    "RankTest",
+    "draw_glance",
+    "dumbbells",
+    "forest",
+    "glance_section",
+    "protocol_blocks",
+    "rank_test",
     "RetrievalRow",
     "RowChoice",
     "draw_retrieval_grid",

@@ -62,14 +62,15 @@ def agreement_rows(groups: dict[str, list[RunResult]]) -> list[dict[str, str]]:
     return rows
 
 
-def protocol_groups(runs: list[RunResult]) -> dict[str, list[RunResult]]:
-    """The full-budget (no --max-steps), paper-default runs of each protocol, by its name;
+def protocol_groups(runs: list[RunResult], tuned: bool = False) -> dict[str, list[RunResult]]:
+    """The full-budget (no --max-steps), paper-default runs (with `tuned`, the `+tuned` runs
+    too) of each protocol, by its name;
     a protocol with runs of several versions (hashes) gives one group per version, named
     `name v2 (hash)`, as the leaderboard gives each its own table: their numbers are never
     pooled into one ranking."""
     by_key: dict[tuple[str, int, str], list[RunResult]] = {}
     for r in runs:
-        if r.training.max_steps is None and not r.tuning:
+        if r.training.max_steps is None and (tuned or not r.tuning):
             key = (r.protocol.name, r.protocol.version, r.protocol.hash)
             by_key.setdefault(key, []).append(r)
     versions: dict[str, int] = {}

@@ -37,12 +37,14 @@ from harness.report.agreement import agreement_section
 from harness.report.claims import claims_section
 from harness.report.cost_tables import cost_section
 from harness.report.figures import distance_histograms, training_curve
+from harness.report.glance import glance_section
 from harness.report.reference import reference_section
 from harness.report.trunk import trunk_lines
 from harness.report.tuned import tuned_section
 from harness.report.verdicts import (
     against,
     against_best,
+    completeness,
     main_metric,
     per_seed,
     row_names,
@@ -86,14 +88,6 @@ def _coerce(runs: Iterable[RunResult | dict[str, Any]]) -> list[RunResult]:
 
 def _row(r: RunResult, name: str, metrics: dict[str, float]) -> dict[str, Any]:
     return {"method": name, "seed": r.seed, "status": r.status, **metrics, "failure": r.failure}
-
-
-def completeness(runs: list[RunResult]) -> tuple[int, int, list[int]]:
-    """(finished, asked, missing) seeds of one method's runs: asked is every seed the runs'
-    sweeps asked for (the protocol's seeds for files that predate `sweep_seeds`)."""
-    asked = {s for r in runs for s in r.asked_seeds()}
-    finished = {r.seed for r in runs if r.ok}
-    return len(finished & asked) if asked else len(finished), len(asked), sorted(asked - finished)
 
 
 def _seeds_cell(runs: list[RunResult]) -> tuple[int | str, list[int]]:
@@ -504,7 +498,10 @@ def write_leaderboard(results_dir: Path) -> Path:
             f"no run results under {Path(results_dir) / 'runs'}: run `{program_name()} run` first"
         )
     path = Path(results_dir) / "LEADERBOARD.md"
-    text = (render(runs) + agreement_section(runs) + reference_section(Path(results_dir), runs)
+    rendered = render(runs)
+    intro_end = rendered.index("\n## ")  # the glance goes before the first protocol's table
+    glance = glance_section(runs, Path(results_dir))
+    text = (rendered[:intro_end] + "\n" + glance + rendered[intro_end:] + agreement_section(runs) + reference_section(Path(results_dir), runs)
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip
     write_text_atomic(path, text)  # a unique temporary file: two writers never share one

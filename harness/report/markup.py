@@ -32,6 +32,13 @@ table.sortable td { white-space: nowrap; }
 img { max-width: 100%; height: auto; border: 1px solid #eee; }
 code { background: #f4f4f4; padding: 0 0.2em; }
 p.note { color: #6b4a00; }
+figure { margin: 1em 0; }
+#glance > figure img { max-width: 1000px; }
+figcaption { font-size: 0.9em; color: #333; max-width: 62em; }
+div.forests { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr));
+              gap: 1.2em; align-items: start; }
+details.how { margin: 1em 0; }
+details.how summary { cursor: pointer; font-weight: 600; }
 """
 
 # Click a header: sort the rows by that column, ascending, then descending on a second

@@ -47,6 +47,14 @@ def row_names(runs: Iterable[RunResult]) -> dict[int, str]:
     return names
 
 
+def completeness(runs: list[RunResult]) -> tuple[int, int, list[int]]:
+    """(finished, asked, missing) seeds of one method's runs: asked is every seed the runs'
+    sweeps asked for (the protocol's seeds for files that predate `sweep_seeds`)."""
+    asked = {s for r in runs for s in r.asked_seeds()}
+    finished = {r.seed for r in runs if r.ok}
+    return len(finished & asked) if asked else len(finished), len(asked), sorted(asked - finished)
+
+
 def per_seed(runs: Iterable[RunResult], metric: str) -> dict[str, dict[int, float]]:
     """row name (see row_names) -> {seed: value} over the finished runs that report `metric`."""
     runs = list(runs)
@@ -76,12 +84,10 @@ def pretrained(runs: list[RunResult]) -> bool:
     return ((content.get("backbone") or {}).get("pretrained") or "none") != "none"
 
 
-def zero_shot_row(runs: list[RunResult]) -> str | None:
-    """Under a pretrained backbone, the row whose finished runs trained no step: the
-    pretrained network's own features with no metric learning, which a method has to beat.
-    None for a protocol trained from scratch, or unless exactly one row is such."""
-    if not pretrained(runs):
-        return None
+def untrained_row(runs: list[RunResult]) -> str | None:
+    """The one row whose finished runs trained no step (a pretrained backbone's zero-shot
+    features, or random weights from scratch): the reference a method has to beat. None
+    unless exactly one row is such."""
     names = row_names(runs)
     steps: dict[str, set[int | None]] = {}
     for r in runs:
@@ -89,6 +95,13 @@ def zero_shot_row(runs: list[RunResult]) -> str | None:
             steps.setdefault(names[id(r)], set()).add(r.training.steps)
     rows = [name for name, s in steps.items() if s == {0}]
     return rows[0] if len(rows) == 1 else None
+
+
+def zero_shot_row(runs: list[RunResult]) -> str | None:
+    """Under a pretrained backbone, the row that trained no step (untrained_row): the
+    pretrained network's own features with no metric learning, which a method has to beat.
+    None for a protocol trained from scratch, or unless exactly one row is such."""
+    return untrained_row(runs) if pretrained(runs) else None
 
 
 def zero_shot_label(row: str) -> str:

@@ -9,7 +9,7 @@ import logging
 from contextlib import ExitStack
 from pathlib import Path
 
-from harness.core import METHODS
+from harness.core import METHODS, safe_folder
 from harness.records import (
     RunResult,
     archive,
@@ -63,7 +63,10 @@ def _saved_embeddings(old: RunResult, path: Path) -> bool:
 
 
 def checkpoint_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
-    return results_dir / "checkpoints" / protocol / method / f"seed{seed}.pt"
+    """checkpoints/<protocol>/<method>/seed<k>.pt under results_dir (names checked as for
+    result_path: never a folder outside results_dir)."""
+    protocol, method = safe_folder(protocol, "protocol"), safe_folder(method, "method")
+    return results_dir / "checkpoints" / protocol / method / f"seed{int(seed)}.pt"
 
 
 def decide(

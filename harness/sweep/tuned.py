@@ -12,14 +12,15 @@ from typing import Any
 
 import yaml
 
-from harness.core import METHODS, HarnessError, Protocol, program_name
+from harness.core import METHODS, HarnessError, Protocol, program_name, safe_folder
 from harness.records import reference_dir
 
 log = logging.getLogger(__name__)
 
 
 def tuning_dir(results_dir: str | Path, protocol: str) -> Path:
-    return Path(results_dir) / "tuning" / protocol
+    """tuning/<protocol>/ under results_dir (the name checked: never a folder outside it)."""
+    return Path(results_dir) / "tuning" / safe_folder(protocol, "protocol")
 
 
 def overlay_path(
@@ -28,7 +29,7 @@ def overlay_path(
     """Where a study's best configuration goes; a capped study (--max-steps) has its own
     file, so a smoke study never replaces the full one."""
     capped = f".max_steps{max_steps}" if max_steps else ""
-    return tuning_dir(results_dir, protocol) / f"{method}{capped}.yaml"
+    return tuning_dir(results_dir, protocol) / f"{safe_folder(method, 'method')}{capped}.yaml"
 
 
 def load_overlay(

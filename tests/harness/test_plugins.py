@@ -102,6 +102,14 @@ BROKEN = {
                            ["method 'contrastive' from plugin file", "already registered by "
                             "built-in (harness.methods)"]),
     "registers nothing": ("x = 1\n", ["registers no method"]),
+    "a name that leaves the results folder": (
+        LOSS.replace('"NAME"', '"../../escaped"'),
+        ["method name '../../escaped' from plugin file", "/plug_margin.py is not allowed: a "
+         "method name must start with a letter or digit", "rename it in register_method"]),
+    "a name with a space and '<'": (LOSS.replace('"NAME"', '"my <loss>"'),
+                                    ["method name 'my <loss>' from plugin file"]),
+    "a name that reads as a tuned run": (LOSS.replace('"NAME"', '"contrastive+tuned"'),
+                                         ["method name 'contrastive+tuned' from plugin file"]),
 }  # fmt: skip
 
 
@@ -121,6 +129,18 @@ def test_a_broken_plugin_is_one_line_before_any_training(case, tmp_path, capsys)
         assert words in err
     assert sorted(p.relative_to(results) for p in results.rglob("*")) == before
     assert "plug_margin" not in METHODS and "contrastive" in METHODS  # nothing half-registered
+
+
+def test_a_plugin_method_named_to_escape_never_writes_outside_the_results(tmp_path, capsys):
+    """Issue #40's case: `../../escaped` trained, and its result went to <results>/../../."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    path = plugin_file(tmp_path / "a" / "b", text=LOSS.replace('"NAME"', '"../../escaped"'))
+    results = tmp_path / "a" / "b" / "results"
+    code = main(["run", "--protocol", "smoke", "--method", "../../escaped", "--plugin", str(path),
+                 "--results-dir", str(results), "--max-steps", "1"])  # fmt: skip
+    err = one_line_error(capsys, code)
+    assert f"plugin {path.resolve()}: method name '../../escaped' from plugin file" in err
+    assert not results.exists() and not list(tmp_path.rglob("seed0.json"))
 
 
 @pytest.mark.parametrize("plugin", ["no_such_file.py", "no_such_module_anywhere"])

@@ -1,13 +1,19 @@
 """`--tracker tensorboard|mlflow`: each tool's own reader finds what the result file says; a
 resumed run goes on in the same tracker run; a tuning trial is a child of its study's run;
-a bad URI or a missing package is a one-line error before any training; a tracker failing
-mid-run costs the run nothing."""
+a bad URI, a tracking server that is down or a missing package is a one-line error before any
+training, in seconds; a tracker failing mid-run (or mid-sweep) costs the run nothing."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import logging
+import os
+import socket
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +21,9 @@ import yaml
 
 import harness.records.trackers
 from harness.cli import main
-from harness.core import PROTOCOL_DIR
-from harness.records import metric_key
+from harness.core import PROTOCOL_DIR, HarnessError
+from harness.records import TrackerConfig, metric_key, open_tracker, tracking_config
+from harness.records.trackers import is_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -187,5 +194,116 @@ def test_a_tracker_failing_mid_run_warns_once_and_the_run_goes_on(tmp_path, monk
     with caplog.at_level(logging.WARNING, logger="harness"):
         assert run(tmp_path, "tensorboard", protocol=three_epochs(tmp_path)) == 0
     assert result(tmp_path)["status"] == "ok"
-    warnings = [r for r in caplog.records if "tracking stopped" in r.getMessage()]
+    warnings = [r for r in caplog.records if "tracking at" in r.getMessage()]
     assert len(warnings) == 1 and "No space left on device" in warnings[0].getMessage()
+
+
+def free_port() -> int:
+    """A local port with nothing listening: bound, then closed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def no_proxy(monkeypatch):
+    """Requests to 127.0.0.1 go straight there, whatever proxy the machine names."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+def test_a_tracking_server_that_is_down_is_one_line_in_seconds(tmp_path, no_proxy):
+    """Nothing listening at the URI: one line naming it and the fix, exit 2, no run started,
+    within seconds (MLflow's own retries held the command for six minutes)."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "-q", "run", "--protocol", "smoke", "--method",
+         "contrastive", "--results-dir", str(tmp_path / "results"), "--tracker", "mlflow",
+         "--tracker-uri", uri],
+        cwd=REPO, capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert time.monotonic() - started < 60
+    err = done.stderr.strip()
+    assert err.count("\n") == 0 and "Retrying" not in err, err
+    assert err.startswith(f"error: the mlflow tracker cannot reach the server {uri} ")
+    assert "start the tracking server" in err and "drop --tracker" in err
+    assert not (tmp_path / "results/runs").exists()
+
+
+class _Answers503(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(503)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_server_that_answers_with_errors_is_refused_in_seconds(no_proxy):
+    """Something listens (the probe passes) but it answers 503, which MLflow retries with a
+    growing backoff: the check before any run is bounded to seconds all the same."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Answers503)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_port}"
+    started = time.monotonic()
+    try:
+        harness.records.trackers.probe_server(uri, "--tracker-uri")  # an answer: it is there
+        with pytest.raises(HarnessError, match=f"the mlflow tracker cannot use {uri} "):
+            tracking_config("mlflow", uri, "unused")
+    finally:
+        server.shutdown()
+    assert time.monotonic() - started < 30
+
+
+def test_local_stores_are_not_probed(tmp_path, monkeypatch):
+    def probe(*args):
+        raise AssertionError("a local store was probed over the network")
+
+    monkeypatch.setattr(harness.records.trackers, "probe_server", probe)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert tracking_config("mlflow", uri, tmp_path).uri == uri
+    folder = str(tmp_path / "tb")
+    assert tracking_config("tensorboard", folder, tmp_path).uri == folder
+    assert [is_server(u) for u in ("http://h:5000", "HTTPS://h", uri, "file:/x", "/x", None)] == [
+        True, True, False, False, False, False]  # fmt: skip
+
+
+def test_a_server_that_stops_answering_mid_sweep_costs_a_run_seconds(caplog, no_proxy):
+    """A run's tracker whose server is gone: its first call gives up within seconds (not
+    MLflow's minutes of retries), warns once naming the tracker, and tracks nothing more."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    tracker = open_tracker(TrackerConfig("mlflow", uri))
+    caller = threading.Thread(target=tracker.start, args=("smoke/x/seed0", "abc", {}), daemon=True)
+    with caplog.at_level(logging.WARNING, logger="harness"):
+        caller.start()
+        caller.join(timeout=45)
+        assert not caller.is_alive(), "the tracker held the run for MLflow's retries"
+        tracker.log_epoch(1, {"train/loss": 1.0})
+        tracker.close("FINISHED")
+    assert tracker.broken
+    (warning,) = [r.getMessage() for r in caplog.records if "tracking at" in r.getMessage()]
+    assert warning.startswith(f"mlflow tracking at {uri} stopped (the run goes on")
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # bounded only while it called
+
+
+def test_a_sweep_goes_on_when_the_tracker_stops_answering(tmp_path, monkeypatch, caplog):
+    """Two runs; the server stops answering in the first: both finish and are written, and
+    each warns once, naming the tracker."""
+
+    def gone(self, step, values):
+        raise ConnectionError("HTTPConnectionPool(host='mlflow', port=5000): Max retries\nmore")
+
+    monkeypatch.setattr(harness.records.trackers.MlflowTracker, "_log_epoch", gone)
+    with caplog.at_level(logging.WARNING, logger="harness"):
+        assert run(tmp_path, "mlflow", "--seeds", "0,1") == 0
+    for seed in (0, 1):
+        path = tmp_path / f"results/runs/smoke/contrastive/seed{seed}.json"
+        assert json.loads(path.read_text())["status"] == "ok"
+    warnings = [r.getMessage() for r in caplog.records if "tracking at" in r.getMessage()]
+    uri = f"sqlite:///{(tmp_path / 'results/tracking/mlflow/mlflow.db').resolve()}"
+    assert len(warnings) == 2 and all(w.startswith(f"mlflow tracking at {uri} stopped")
+                                      for w in warnings)  # fmt: skip
+    assert all(w.endswith("ConnectionError: HTTPConnectionPool(host='mlflow', port=5000): "
+                          "Max retries") for w in warnings)  # fmt: skip

@@ -1,0 +1,260 @@
+"""The verdict at a glance (harness.report.glance, ranks, forest): the critical-difference
+diagram's ranks, Friedman test and critical difference against hand-worked examples and
+Demšar's own numbers, the forest and dumbbell plots' numbers against the leaderboard's
+tables, the bump chart's taus against the agreement table, and every figure legible at the
+committed 29 methods (names in full, no two texts overlapping)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.core import load_methods
+from harness.records import load_results
+from harness.report.agreement import agreement_rows, protocol_groups
+from harness.report.forest import dumbbell_drawing, dumbbells, forest, forest_drawing
+from harness.report.glance import draw_glance, glance_section
+from harness.report.leaderboard import leaderboard_frame
+from harness.report.ranks import (
+    Block,
+    average_ranks,
+    blocks_to_resolve,
+    bump_drawing,
+    caption,
+    cd_drawing,
+    critical_difference,
+    neighbour_taus,
+    protocol_blocks,
+    rank_test,
+    shared_blocks,
+)
+from harness.report.tuned import tuned_frame
+
+REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
+
+
+def _blocks(table: dict[str, dict[str, float]]) -> list[Block]:
+    return [Block(name, "map@r", means, f"2026-01-0{i + 1}")
+            for i, (name, means) in enumerate(table.items())]  # fmt: skip
+
+
+# ----------------------------------------------------------------------- hand-worked
+
+
+def test_three_methods_in_the_same_order_on_four_protocols():
+    """A beats B beats C on each of 4 protocols. By hand: average ranks 1, 2, 3; Friedman
+    chi2 = 12 N / (k (k+1)) [sum R_j^2 - k (k+1)^2 / 4] = 12*4/12 * (14 - 12) = 8, and with
+    k - 1 = 2 degrees of freedom p = exp(-8/2); CD = 2.343 sqrt(3*4 / (6*4)) = 1.657
+    (Demšar's q_0.05 for k = 3). A and C are 2 ranks apart (> CD): they differ; A-B and B-C,
+    1 apart, do not."""
+    blocks = _blocks({p: {"A": 0.5, "B": 0.4, "C": 0.3} for p in ("p1", "p2", "p3", "p4")})
+    test = rank_test(blocks)
+    assert test.ranks.to_dict() == {"A": 1.0, "B": 2.0, "C": 3.0}
+    assert test.chi_square == pytest.approx(8.0)
+    assert test.p == pytest.approx(math.exp(-4))
+    assert test.cd == pytest.approx(2.343 * math.sqrt(0.5), abs=5e-4)
+    assert test.resolved() == [("A", "C")]
+    assert test.pairwise.loc["A", "C"] < 0.05 < test.pairwise.loc["A", "B"]
+    assert "1 of 3 pairs differs (A over C)" in caption(test)
+
+
+def test_ties_share_their_mean_rank():
+    """Block 1: A = B > C gives A and B rank 1.5; block 2: C > B > A gives 3, 2, 1."""
+    table = pd.DataFrame([[0.5, 0.5, 0.1], [0.1, 0.2, 0.3]], columns=["A", "B", "C"])
+    assert average_ranks(table).to_dict() == {"A": 2.25, "B": 1.75, "C": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("k", "q"),  # Demšar (2006), Table 5a: critical values of the two-tailed Nemenyi test
+    [(2, 1.960), (3, 2.343), (4, 2.569), (5, 2.728), (6, 2.850), (7, 2.949), (8, 3.031),
+     (9, 3.102), (10, 3.164)],
+)  # fmt: skip
+def test_the_critical_difference_uses_demsars_q(k, q):
+    n = 7
+    assert critical_difference(k, n) == pytest.approx(
+        q * math.sqrt(k * (k + 1) / (6 * n)), abs=1e-3
+    )
+
+
+def test_demsars_example_critical_difference():
+    """Demšar's worked example (section 3.2.4): 4 classifiers on 14 data sets, CD = 1.25."""
+    assert round(critical_difference(4, 14), 2) == 1.25
+
+
+def test_more_protocols_resolve_smaller_gaps():
+    """CD(k, N) = CD(k, 1) / sqrt(N): for k = 3, CD(3, 1) = 2.343 sqrt 2 = 3.314, so a gap of
+    one rank needs N >= 3.314^2 = 10.98, 11 protocols."""
+    blocks = _blocks({p: {"A": 0.5, "B": 0.4, "C": 0.3} for p in ("p1", "p2", "p3")})
+    test = rank_test(blocks)
+    assert blocks_to_resolve(test, 1.0) == 11
+    assert critical_difference(3, 11) < 1.0 < critical_difference(3, 10)
+
+
+def test_a_protocol_with_too_few_shared_methods_is_left_out_and_named():
+    full = {"A": 0.5, "B": 0.4, "C": 0.3, "D": 0.2}
+    blocks = _blocks({"p1": full, "p2": dict(full), "p3": dict(full), "tiny": {"A": 0.1, "B": 0.2}})
+    kept, shared, left_out = shared_blocks(blocks)
+    assert [b.name for b in kept] == ["p1", "p2", "p3"] and shared == ["A", "B", "C", "D"]
+    assert [b.name for b in left_out] == ["tiny"]
+    assert "Left out (too few methods in common): tiny (2 methods)." in caption(rank_test(blocks))
+
+
+def test_one_protocol_gives_no_diagram():
+    assert rank_test(_blocks({"p1": {"A": 0.5, "B": 0.4, "C": 0.3}})) is None
+
+
+# ----------------------------------------------------------- against the committed tables
+
+
+@pytest.fixture(scope="module")
+def committed():
+    load_methods()
+    return protocol_groups(load_results(REFERENCE), tuned=True)
+
+
+def _split(cell: str) -> str:
+    return cell.split(" (p = ")[0]
+
+
+@pytest.mark.parametrize("protocol", ["birds", "default", "omniglot"])
+def test_a_forest_plot_draws_the_numbers_of_its_table(committed, protocol):
+    """Names, order, `mean ± h` and `vs best` of each row are the main table's; the row that
+    trained no step is the reference line, and the table's row of that name."""
+    group = committed[protocol]
+    f = forest(group, protocol)
+    table = leaderboard_frame(group)
+    metric = f"{f.metric} (%)"
+    marks = next(c for c in table.columns if c.startswith("vs best"))
+    shown = [(n.removesuffix(" (zero-shot)"), v, m)
+             for n, v, m in table[["method", metric, marks]].itertuples(index=False)]  # fmt: skip
+    reference = [row for row in shown if row[0] == f.reference.name]
+    assert reference == [(f.reference.name, f.reference.cell(), f.reference.mark)]
+    assert [(r.name, r.cell(), r.mark) for r in f.rows] == [s for s in shown if s not in reference]
+    assert f.reference_label == ("zero-shot features" if protocol == "birds" else "random weights")
+
+
+def test_the_tuned_forest_and_dumbbell_draw_the_tuned_table(committed):
+    group = committed["tuning"]
+    f = forest(group, "tuning")
+    table = tuned_frame(group)
+    assert f.tuned
+    rows = [(n, t, m) for n, t, m in
+            table[["method", "tuned map@r (%)", "vs best, tuned"]].itertuples(index=False)]  # fmt: skip
+    assert [(r.name, r.cell(), r.mark) for r in f.rows] + [
+        (f.reference.name, f.reference.cell(), f.reference.mark)] == rows  # fmt: skip
+    lines = {d.name: d for d in dumbbells(group)}
+    for name, default, moved in table[["method", "paper default map@r (%)", "tuning moved it"]
+                                      ].itertuples(index=False):  # fmt: skip
+        d = lines[name]
+        assert d.default.cell() == default
+        interval = re.search(r"\[([-+][\d.]+), ([-+][\d.]+)\]", moved)
+        if interval is None:  # not tuned
+            assert d.moved == "not tuned"
+            continue
+        lo, hi = map(float, interval.groups())  # the paired interval excludes 0 iff p < 5 %
+        assert d.moved == ("up" if lo > 0 else "down" if hi < 0 else "noise"), (name, moved)
+    assert sum(d.moved == "up" for d in lines.values()) == 13  # the tuned section's count
+
+
+def test_the_committed_blocks_and_taus_are_the_agreement_tables(committed):
+    runs = [r for g in committed.values() for r in g]
+    blocks = protocol_blocks(runs)
+    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", "birds"]
+    plain = {r["protocols"].split(" (")[0] + "|" + r["protocols"].split(" vs ")[1].split(" (")[0]:
+             r["Kendall's tau"] for r in agreement_rows(protocol_groups(runs))}  # fmt: skip
+    a, b, tau, _, n = neighbour_taus(blocks)[0]
+    assert (a, b, n) == ("default", "omniglot", 29)
+    assert f"{tau:+.2f}" == plain["default|omniglot"]
+    tuned = {r[0]: r[1] for r in tuned_frame(committed["tuning"]).itertuples(index=False)}
+    means = blocks[2].means
+    assert {n: f"{100 * v:.1f}" for n, v in means.items()} == {
+        n: cell.split(" ±")[0] for n, cell in tuned.items()}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- legible
+
+
+def _texts(fig) -> list:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+
+
+def _assert_legible(fig, names: list[str]) -> None:
+    """Every name appears in full, and no two texts overlap (by more than a pixel)."""
+    texts = _texts(fig)
+    joined = "\n".join(t for t, _ in texts)
+    for name in names:
+        assert re.search(rf"(^|\s){re.escape(name)}($|\s)", joined, re.M), name
+    boxes = [(t, b.expanded(1, 1).padded(-1)) for t, b in texts]
+    overlaps = [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1 :]
+                if ba.overlaps(bb)]  # fmt: skip
+    assert overlaps == []
+
+
+def test_every_figure_is_legible_at_29_methods(committed):
+    runs = [r for g in committed.values() for r in g]
+    blocks = protocol_blocks(runs)
+    names = sorted(blocks[0].means)
+    assert len(names) == 29
+    _assert_legible(cd_drawing(rank_test(blocks)), names)
+    _assert_legible(bump_drawing(blocks), names)
+    for protocol in ("birds", "default"):
+        f = forest(committed[protocol], protocol)
+        _assert_legible(forest_drawing(f), [r.name for r in f.rows])
+    _assert_legible(dumbbell_drawing(dumbbells(committed["tuning"]), "tuning", "map@r"), names)
+
+
+def test_the_bump_chart_gives_tied_ranks_a_label_each():
+    blocks = _blocks({"p1": {"A": 0.5, "B": 0.5, "C": 0.1, "D": 0.0},
+                      "p2": {"A": 0.1, "B": 0.1, "C": 0.3, "D": 0.3}})  # fmt: skip
+    _assert_legible(bump_drawing(blocks), ["A", "B", "C", "D"])
+
+
+def test_the_leaderboard_section_links_every_figure(committed, tmp_path):
+    runs = [r for g in committed.values() for r in g]
+    section = glance_section(runs, tmp_path)
+    names = re.findall(r"\(figures/([^)]+\.png)\)", section)
+    assert sorted(names) == sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
+    assert set(names) == {"cd_diagram.png", "ranks_bump.png", "forest_birds.png",
+                          "forest_default.png", "forest_omniglot.png", "forest_tuning.png",
+                          "dumbbell_tuning.png"}  # fmt: skip
+    assert section.index("cd_diagram.png") < section.index("ranks_bump.png")
+    assert "Nemenyi" in section and "Kendall's tau between neighbours" in section
+
+
+def test_a_single_protocol_gets_its_forest_only(committed, tmp_path):
+    figures = draw_glance(committed["default"], tmp_path)
+    assert [g.name for g in figures] == ["forest_default"]
+    assert all(np.asarray(__import__("PIL.Image").Image.open(g.png)).size for g in figures)
+
+
+def test_the_readme_shows_the_committed_glance(committed):
+    """The README's first screen shows the committed CD diagram and tuned forest plot, and
+    its sentence quotes their numbers as the committed results give them."""
+    readme = (REFERENCE.parents[1] / "README.md").read_text(encoding="utf-8")
+    first_screen = "\n".join(readme.split("\n")[:30])
+    for png in ("cd_diagram.png", "forest_tuning.png"):
+        assert f'src="results/reference/figures/{png}"' in first_screen
+        assert (REFERENCE / "figures" / png).is_file()
+    runs = [r for g in committed.values() for r in g]
+    test = rank_test(protocol_blocks(runs))
+    k, n = len(test.ranks), len(test.blocks)
+    (a, b), *rest = test.resolved()
+    assert not rest
+    tuned = forest(committed["tuning"], "tuning")
+    tied = sum(r.mark.startswith("≈") for r in tuned.rows)
+    sentence = " ".join(first_screen.split())
+    assert f"over all {n} committed protocols" in sentence
+    assert f"critical difference is {test.cd:.1f} ranks" in sentence
+    assert f"1 of {k * (k - 1) // 2} pairs is told apart ({a} over {b})" in sentence
+    assert f"{tuned.rows[0].name} leads, and the {tied} shaded methods" in sentence
