@@ -499,9 +499,9 @@ def write_leaderboard(results_dir: Path) -> Path:
         )
     path = Path(results_dir) / "LEADERBOARD.md"
     rendered = render(runs)
-    intro_end = rendered.index("\n## ")  # the glance goes before the first protocol's table
-    glance = glance_section(runs, Path(results_dir))
-    text = (rendered[:intro_end] + "\n" + glance + rendered[intro_end:] + agreement_section(runs) + reference_section(Path(results_dir), runs)
+    head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
+    text = (head + "\n" + glance_section(runs, Path(results_dir)) + sep + tables
+            + agreement_section(runs) + reference_section(Path(results_dir), runs)
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip
     write_text_atomic(path, text)  # a unique temporary file: two writers never share one

@@ -201,17 +201,23 @@ def _assert_legible(fig, names: list[str]) -> None:
     assert overlaps == []
 
 
-def test_every_figure_is_legible_at_29_methods(committed):
+def test_every_figure_is_legible_at_29_methods(committed, tmp_path):
+    """Each figure checked, then saved and its path printed (`pytest -s`) to look at."""
     runs = [r for g in committed.values() for r in g]
     blocks = protocol_blocks(runs)
     names = sorted(blocks[0].means)
     assert len(names) == 29
-    _assert_legible(cd_drawing(rank_test(blocks)), names)
-    _assert_legible(bump_drawing(blocks), names)
+    figures = {"cd_diagram": (cd_drawing(rank_test(blocks)), names),
+               "ranks_bump": (bump_drawing(blocks), names)}  # fmt: skip
     for protocol in ("birds", "default"):
         f = forest(committed[protocol], protocol)
-        _assert_legible(forest_drawing(f), [r.name for r in f.rows])
-    _assert_legible(dumbbell_drawing(dumbbells(committed["tuning"]), "tuning", "map@r"), names)
+        figures[f"forest_{protocol}"] = (forest_drawing(f), [r.name for r in f.rows])
+    lines = dumbbells(committed["tuning"])
+    figures["dumbbell_tuning"] = (dumbbell_drawing(lines, "tuning", "map@r"), names)
+    for name, (fig, shown) in figures.items():
+        _assert_legible(fig, shown)
+        fig.savefig(tmp_path / f"{name}.png", dpi=110)
+        print(f"figure: {tmp_path / name}.png")
 
 
 def test_the_bump_chart_gives_tied_ranks_a_label_each():
