@@ -500,7 +500,7 @@ def write_leaderboard(results_dir: Path) -> Path:
     path = Path(results_dir) / "LEADERBOARD.md"
     rendered = render(runs)
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
-    text = (head + "\n" + glance_section(runs, Path(results_dir)) + sep + tables
+    text = (head + glance_section(runs, Path(results_dir)) + sep + tables
             + agreement_section(runs) + reference_section(Path(results_dir), runs)
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip

@@ -223,6 +223,28 @@ def cd_figure(test: RankTest, out_png: Path) -> Path:
     return _save(cd_drawing(test), out_png)
 
 
+def _stack_in_order(bars: list[Any]) -> None:
+    """The library stacks its crossbars in the order of Python sets (which changes with the
+    string hash seed): each bar's points sorted, and the bars restacked by (lowest, highest
+    rank), so that the same results draw the same bytes in every process."""
+    spans = sorted(((sorted(bar.get_xdata()), bar) for bar in bars),
+                   key=lambda item: (item[0][0], item[0][-1], list(item[0])))  # fmt: skip
+    levels: list[list[tuple[float, float]]] = []
+    placed = []
+    for xs, bar in spans:
+        low, high = xs[0], xs[-1]
+        level = next((i for i, taken in enumerate(levels)
+                      if not any(low <= b and a <= high for a, b in taken)), len(levels))  # fmt: skip
+        if level == len(levels):
+            levels.append([])
+        levels[level].append((low, high))
+        placed.append((bar, xs, -level - 1))
+    if len(levels) > len({bar.get_ydata()[0] for bar in bars}):
+        placed = [(bar, xs, bar.get_ydata()[0]) for xs, bar in spans]  # keep the library's rows
+    for bar, xs, y in placed:
+        bar.set_data(xs, [y] * len(xs))
+
+
 def cd_drawing(test: RankTest) -> Figure:
     """The critical-difference diagram (scikit-posthocs' drawing): each method at its average
     rank, names in full on both sides, a bar over each group the Nemenyi test cannot split,
@@ -233,12 +255,13 @@ def cd_drawing(test: RankTest) -> Figure:
     fig = _figure(figsize=(11, 1.5 + 0.2 * ((k + 1) // 2) + 0.05 * k))
     ax = fig.subplots()
     colours = _family_colours(list(test.ranks.index))
-    scikit_posthocs.critical_difference_diagram(
+    drawn = scikit_posthocs.critical_difference_diagram(
         test.ranks, test.pairwise, ax=ax, alpha=ALPHA,
         label_fmt_left="{label} ({rank:.1f})", label_fmt_right="({rank:.1f}) {label}",
         label_props={"fontsize": 8.5}, color_palette=colours,
-        crossbar_props={"linewidth": 1.6, "color": "0.25"},
+        crossbar_props={"linewidth": 2.2, "color": "0.25"},
     )  # fmt: skip
+    _stack_in_order([line for lines in drawn["crossbars"] for line in lines])
     ax.set_xlim(0.5, k + 0.5)
     ax.set_ylim(ax.get_ylim()[0], 2.6)  # room above the rank axis for the CD's segment
     start = float(test.ranks.min())  # Demšar draws the CD from the best rank, above the axis

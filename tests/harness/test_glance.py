@@ -264,3 +264,31 @@ def test_the_readme_shows_the_committed_glance(committed):
     assert f"critical difference is {test.cd:.1f} ranks" in sentence
     assert f"1 of {k * (k - 1) // 2} pairs is told apart ({a} over {b})" in sentence
     assert f"{tuned.rows[0].name} leads, and the {tied} shaded methods" in sentence
+
+
+DRAW = """
+import hashlib, io
+from harness.report.ranks import Block, cd_drawing, rank_test
+names = [f"method_{c}" for c in "abcdefgh"]
+blocks = [Block(f"p{b}", "map@r", {n: ((i * (b + 3)) % 8) / 10 + i / 100
+                                   for i, n in enumerate(names)}, str(b)) for b in range(6)]
+buffer = io.BytesIO()
+cd_drawing(rank_test(blocks)).savefig(buffer, format="png", dpi=60)
+print(hashlib.sha256(buffer.getvalue()).hexdigest())
+"""
+
+
+def test_the_diagram_is_the_same_bytes_whatever_the_hash_seed():
+    """scikit-posthocs stacks its crossbars in set order, which moves with Python's string
+    hash seed; the harness restacks them, so two processes draw the same PNG."""
+    import os
+    import subprocess
+    import sys
+
+    digests = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", DRAW], env=env, capture_output=True,
+                              text=True, check=True, cwd=REFERENCE.parents[1])  # fmt: skip
+        digests.add(done.stdout.strip())
+    assert len(digests) == 1, digests
