@@ -220,4 +220,7 @@ if __name__ == "__main__":
              "mismatch": mismatch}  # fmt: skip
     modes[sys.argv[1]](*sys.argv[2:])
     if dist.is_initialized():
+        # leave together, as harness.cli.run does: a rank that tore its group down while the
+        # other still saved was seen to abort ("terminate called without an active exception")
+        dist.barrier()
         dist.destroy_process_group()
