@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from harness.core import compare, t_interval
 from harness.records import RunResult
 from harness.report.figures import _figure, _save
-from harness.report.tuned import tuned_values
+from harness.report.tuned import _cell, _mean, tuned_values
 from harness.report.verdicts import (
     ALPHA,
     against_best,
@@ -51,18 +51,16 @@ class ForestRow:
 
     @property
     def mean(self) -> float:
-        return t_interval(list(self.values.values()))[0]
+        return _mean(self.values)
+
+    def cell(self) -> str:
+        """The value as the tables write it: `42.7 ± 0.7` (percent), one seed alone."""
+        return _cell(self.values)
 
     @property
     def half(self) -> float:
         """The 95 % t-interval's half-width (NaN for one seed)."""
         return t_interval(list(self.values.values()))[1]
-
-    def cell(self, scale: float = 100.0) -> str:
-        """The value as the leaderboard writes it: `42.7 ± 0.7` (percent), one seed alone."""
-        if math.isnan(self.half):
-            return f"{self.mean * scale:.1f}"
-        return f"{self.mean * scale:.1f} ± {self.half * scale:.1f}"
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,8 @@ def forest(group: list[RunResult], protocol: str) -> Forest:
     return Forest(protocol, metric, rows, reference, label, any(r.tuning for r in group))
 
 
-def _kind(mark: str) -> str:
+def mark_kind(mark: str) -> str:
+    """A table's `vs best` mark as one of STYLE's kinds: best, tied, below, untested."""
     if mark == "best":
         return "best"
     if mark.startswith("≈"):
@@ -152,7 +151,7 @@ def forest_drawing(f: Forest) -> Figure:
     fig = _figure(figsize=(8.4, 1.5 + 0.27 * max(n, 3)))
     ax = fig.subplots()
     for y, row in enumerate(f.rows):
-        kind = _kind(row.mark)
+        kind = mark_kind(row.mark)
         if kind in ("best", "tied", "untested"):
             ax.axhspan(y - 0.5, y + 0.5, color=SHADE_TIED if kind != "untested" else SHADE_UNTESTED,
                        zorder=0, lw=0)  # fmt: skip
@@ -160,7 +159,7 @@ def forest_drawing(f: Forest) -> Figure:
         half = 0.0 if math.isnan(row.half) else row.half
         ax.errorbar(100 * row.mean, y, xerr=100 * half, fmt=marker, ms=6 if kind == "best" else 5,
                     mfc=face, mec="#222222", ecolor="#333333", elinewidth=1.3, capsize=2.5)  # fmt: skip
-    kinds = {_kind(r.mark) for r in f.rows}
+    kinds = {mark_kind(r.mark) for r in f.rows}
     handles = [ax.scatter([], [], marker=m, c=c, edgecolors="#222222", label=label)
                for kind, (m, c, label) in STYLE.items() if kind in kinds]  # fmt: skip
     if f.reference is not None:

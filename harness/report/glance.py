@@ -21,7 +21,14 @@ from typing import Any
 from harness.core import load_methods
 from harness.records import RunResult
 from harness.report.agreement import protocol_groups
-from harness.report.forest import Forest, dumbbell_figure, dumbbells, forest, forest_figure
+from harness.report.forest import (
+    Forest,
+    dumbbell_figure,
+    dumbbells,
+    forest,
+    forest_figure,
+    mark_kind,
+)
 from harness.report.ranks import (
     bump_caption,
     bump_figure,
@@ -48,14 +55,15 @@ class Glance:
 
 
 def safe_name(name: str) -> str:
-    """A file name from a protocol's (`tuning v2 (1a2b)` -> `tuning_v2__1a2b_`)."""
+    """A file name from a protocol or run folder name (`contrastive+tuned` -> itself minus
+    the characters a URL would need to escape; `tuning v2 (1a2b)` -> `tuning_v2__1a2b_`)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def forest_caption(f: Forest) -> str:
     """What a forest plot shows, with its counts."""
-    kinds = [r.mark.split(" (")[0] for r in f.rows]
-    tied, below = sum(k == "≈ best" for k in kinds), sum(k in ("below", "above") for k in kinds)
+    kinds = [mark_kind(r.mark) for r in f.rows]
+    tied, below = kinds.count("tied"), kinds.count("below")
     rows = ("each method's tuned runs (a method with nothing to tune: its paper default)"
             if f.tuned else "each method")  # fmt: skip
     text = (f"{f.protocol}: {rows}, mean {f.metric} and its 95 % t-interval over seeds, best "

@@ -31,7 +31,7 @@ from harness.records import RunResult, describe, embeddings_dir, read_result, re
 from harness.report.agreement import agreement_section
 from harness.report.cost_tables import cost_section
 from harness.report.figures import distance_histograms, training_curve
-from harness.report.glance import draw_glance
+from harness.report.glance import draw_glance, safe_name
 from harness.report.leaderboard import (
     _groups,
     leaderboard_frame,
@@ -80,12 +80,6 @@ class _Build:
         return path
 
 
-def _safe(name: str) -> str:
-    """A file name from a protocol or run folder name (`contrastive+tuned` -> itself minus
-    characters a URL would need to escape)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-
-
 def _quantise(png: Path) -> Path:
     """Rewrite a PNG as a palette image without metadata (no Software, no dates): smaller, and
     the same bytes for the same figure."""
@@ -104,12 +98,12 @@ def _quantise(png: Path) -> Path:
 def _group_id(key: tuple[str, int, str, Any]) -> str:
     name, version, hash_, max_steps = key
     steps = f"-steps{max_steps}" if max_steps is not None else ""
-    return f"protocol-{_safe(name)}-v{version}-{hash_}{steps}"
+    return f"protocol-{safe_name(name)}-v{version}-{hash_}{steps}"
 
 
 def _page_path(run: _Run) -> str:
     """A run folder's page, relative to the report's folder."""
-    return f"{_safe(run.protocol_folder)}/{_safe(run.run_folder)}.html"
+    return f"{safe_name(run.protocol_folder)}/{safe_name(run.run_folder)}.html"
 
 
 def _resolver(build: _Build, depth: int) -> Callable[[str], str | None]:
@@ -128,7 +122,7 @@ def _resolver(build: _Build, depth: int) -> Callable[[str], str | None]:
             return None
         if source.suffix.lower() == ".png":
             if source not in build.copied:
-                name = "copied/" + _safe(Path(href).as_posix().replace("/", "__"))
+                name = "copied/" + safe_name(Path(href).as_posix().replace("/", "__"))
                 shutil.copyfile(source, build.asset(name))
                 _quantise(build.asset(name))
                 build.copied[source] = f"{ASSETS}/{name}"
@@ -281,14 +275,14 @@ def _protocol_figures(build: _Build, runs: list[_Run]) -> str:
     for folder in sorted({r.protocol_folder for r in runs}):
         paths = sorted(r.path for r in runs if r.protocol_folder == folder)
         log.info("report: figures of %s", folder)
-        training = build.asset(f"{_safe(folder)}/training.png")
+        training = build.asset(f"{safe_name(folder)}/training.png")
         _quantise(training_curve(paths, training, title=f"Training loss per epoch — {folder}"))
-        hist = build.asset(f"{_safe(folder)}/distances.png")
+        hist = build.asset(f"{safe_name(folder)}/distances.png")
         _quantise(distance_histograms(paths, hist, f"Test pair distances — {folder}"))
         parts.append(
-            f'<h3 id="figures-{_safe(folder)}">{html.escape(folder)}</h3>\n'
-            f'<p><img src="{ASSETS}/{_safe(folder)}/training.png" alt="training loss per epoch, '
-            f'{html.escape(folder)}"></p>\n<p><img src="{ASSETS}/{_safe(folder)}/distances.png" '
+            f'<h3 id="figures-{safe_name(folder)}">{html.escape(folder)}</h3>\n'
+            f'<p><img src="{ASSETS}/{safe_name(folder)}/training.png" alt="training loss per epoch, '
+            f'{html.escape(folder)}"></p>\n<p><img src="{ASSETS}/{safe_name(folder)}/distances.png" '
             f'alt="positive and negative pair distances, {html.escape(folder)}"></p>'
         )
     return "\n".join(parts)
@@ -304,7 +298,7 @@ def _method_page(build: _Build, folder_runs: list[_Run], frames: dict[Any, pd.Da
                  all_results: list[RunResult]) -> str:  # fmt: skip
     first = folder_runs[0]
     protocol, folder = first.protocol_folder, first.run_folder
-    stem = f"{_safe(protocol)}/{_safe(folder)}"
+    stem = f"{safe_name(protocol)}/{safe_name(folder)}"
     results = [r.result for r in folder_runs]
     body = [f"<h1>{html.escape(folder)} <small>on {html.escape(protocol)}</small></h1>"]
 

@@ -31,8 +31,8 @@ import pandas as pd
 from harness.core import family_of as _registered_family
 from harness.records import RunResult
 from harness.report.figures import _figure, _save
-from harness.report.tuned import tuned_values
-from harness.report.verdicts import main_metric, per_seed
+from harness.report.tuned import _mean, tuned_values
+from harness.report.verdicts import main_metric
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -55,25 +55,21 @@ class Block:
     started: str
 
 
-def _mean(values: dict[int, float]) -> float:
-    return sum(values.values()) / len(values)
-
-
 def protocol_blocks(runs: list[RunResult]) -> list[Block]:
     """Every full-budget protocol (runs of several versions: one block per version, named as
     the agreement table names them) with its rows' means, oldest protocol first."""
-    from harness.report.agreement import protocol_groups
+    from harness.report.agreement import _means, protocol_groups
 
     blocks = []
     for name, group in protocol_groups(runs, tuned=True).items():
-        metric = main_metric(group)
         started = min(r.started_at or r.finished_at or "" for r in group)
         if any(r.tuning for r in group):
+            metric = main_metric(group)
             _, tuned, _ = tuned_values(group, metric)
             means = {row: _mean(v) for row, v in tuned.items() if v}
             name += TUNED_BLOCK
         else:
-            means = {row: _mean(v) for row, v in per_seed(group, metric).items() if v}
+            metric, means = _means(group)  # as the agreement table ranks them
         blocks.append(Block(name, metric, means, started))
     return sorted(blocks, key=lambda b: (b.started, b.name))
 
