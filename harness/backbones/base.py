@@ -167,9 +167,7 @@ class FrozenTrunkTail(Backbone):
     cache. Only the tail's stages are modules, so only they train."""
 
     def __init__(self, full: Backbone, frozen_stages: int) -> None:
-        if not 0 < frozen_stages < len(full.stages):
-            raise HarnessError(f"features.frozen_stages must be 1..{len(full.stages) - 1} for "
-                               f"this backbone ({len(full.stages)} stages)")  # fmt: skip
+        check_frozen_stages(frozen_stages, len(full.stages))
         super().__init__(list(full.stages[frozen_stages:]), full.stage_dims, full.in_channels,
                          (0.0,), (1.0,))  # fmt: skip
         self.frozen_stages = frozen_stages
@@ -180,6 +178,11 @@ class FrozenTrunkTail(Backbone):
         return images.to(self.mean.dtype)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if not len(self.stages):  # the whole trunk frozen: the cache holds every pooled output
+            if x.shape[1] != sum(self.stage_dims):
+                raise HarnessError(f"cached features of {x.shape[1]} values are not the "
+                                   f"{sum(self.stage_dims)} pooled outputs of a frozen trunk")  # fmt: skip
+            return list(torch.split(x, self.stage_dims, dim=1))
         pooled_dims = self.stage_dims[: self.frozen_stages - 1]
         channels = self.stage_dims[self.frozen_stages - 1]
         flat = x.shape[1] - sum(pooled_dims)
@@ -198,11 +201,24 @@ class FrozenTrunkTail(Backbone):
         return features
 
 
+def check_frozen_stages(frozen_stages: int, stages: int) -> None:
+    """A trunk freezes 1..all of the backbone's stages (all: only the head trains, on the
+    cached pooled features)."""
+    if not 0 < frozen_stages <= stages:
+        raise HarnessError(f"features.frozen_stages must be 1..{stages} for this backbone "
+                           f"({stages} stages; {stages}: the whole trunk frozen, only the "
+                           f"head trains), got {frozen_stages}")  # fmt: skip
+
+
 def trunk_outputs(backbone: Backbone, x: torch.Tensor, frozen_stages: int) -> torch.Tensor:
     """What the cache holds for prepared images `x`: the frozen stages' outputs as one flat row
-    per image (what FrozenTrunkTail.forward reads)."""
+    per image (what FrozenTrunkTail.forward reads): the last frozen stage's spatial output and
+    the pooled outputs before it, or, with every stage frozen, every stage's pooled output
+    (1,280 + the earlier stages' values for EfficientNet-Lite0, not 7 x 7 x 1,280)."""
     pooled = []
     for stage in backbone.stages[:frozen_stages]:
         x = stage(x)
         pooled.append(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+    if frozen_stages == len(backbone.stages):
+        return torch.cat(pooled, dim=1)
     return torch.cat([torch.flatten(x, 1), *pooled[:-1]], dim=1)

@@ -42,6 +42,16 @@ def add_parser(sub: Any) -> None:
     add_plugin_option(tn)
     tn.set_defaults(handler=cmd_tune)
 
+    cal = sub.add_parser("calibrate", help="choose a protocol's settings on validation classes "
+                         "(protocols/calibration/NAME.yaml): the committed record of how")  # fmt: skip
+    cal.add_argument("calibration", help="calibration name (protocols/calibration/) or YAML path")
+    cal.add_argument("--results-dir", default="results", help="the record goes to "
+                     "<results-dir>/calibration/NAME.json and .md (default: results)")  # fmt: skip
+    cal.add_argument("--data-root", help="folder holding the dataset's files")
+    cal.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    cal.add_argument("--max-steps", type=positive_int, help="cap each run's steps (smoke)")
+    cal.set_defaults(handler=cmd_calibrate)
+
 
 def cmd_tune(args: Any) -> int:
     import signal
@@ -77,4 +87,29 @@ def cmd_tune(args: Any) -> int:
         study = yaml.safe_load(path.read_text(encoding="utf-8"))["study"]
         print(f"{name}: best {study['best_value']:.4f} (trial {study['best_trial']}; paper "
               f"default {study['paper_default_value']}) of {study['trials']} trials -> {path}")  # fmt: skip
+    return 0
+
+
+def cmd_calibrate(args: Any) -> int:
+    import sys
+
+    from harness.tune.calibrate import calibrate, record_path
+
+    load_methods()
+    try:
+        record = calibrate(args.calibration, args.results_dir, args.data_root, args.device,
+                           args.max_steps, progress=not args.quiet)  # fmt: skip
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished runs are kept in the record; run the same command again "
+              "to resume", file=sys.stderr)  # fmt: skip
+        return 130
+    choice = record["choice"]
+    path = record_path(args.results_dir, args.calibration.rsplit("/", 1)[-1].split(".")[0])
+    for row in choice["candidates"][:5]:
+        print(f"{row['candidate']}: reference mean {100 * row['mean_map@r']:.2f} MAP@R "
+              f"({100 * row['gain_over_zero_shot']:+.2f} vs zero-shot), full sweep about "
+              f"{row['sweep_minutes']:.0f} min")  # fmt: skip
+    print(f"chosen: {choice['chosen'] or 'none fits the budget'}"
+          f"{'' if choice['learns'] else ' (training does not beat zero-shot on validation)'}"
+          f" -> {path}")  # fmt: skip
     return 0

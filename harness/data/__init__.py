@@ -10,6 +10,7 @@ from harness.data import (  # noqa: F401  (one line per dataset: registers it)
     glyphs,
     inshop,
     omniglot,
+    photo_zip,
     sop,
     table,
     vehicleid,

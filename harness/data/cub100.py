@@ -95,20 +95,32 @@ def _decode(data: bytes, where: str) -> np.ndarray:
     return pixels.transpose(2, 0, 1)
 
 
+def _class_of(label_of: dict[int, str], image_id: int) -> int:
+    """The class id of an image (-1 for none or a malformed one: refused below)."""
+    try:
+        return int(label_of.get(image_id, -1))
+    except ValueError:
+        return -1
+
+
 def kind(species: str) -> str:
     """The coarse label of a species: the kind of bird its common name ends with."""
     return "Nightjar" if species in NIGHTJARS else species.split("_")[-1]
 
 
 @register_dataset("cub100")  # --data-root is optional: DEFAULT_ROOT
-def build(data_root: Path | None, cache_dir: Path) -> LabelledImages:
-    """The 100 species in CUB's class order (see the module docstring)."""
+def build(data_root: Path | None, cache_dir: Path, classes: int = 100) -> LabelledImages:
+    """The 100 species in CUB's class order (see the module docstring), or its first
+    `classes` species (a small photo protocol: `harness check --protocol photo_regression`)."""
+    if not 4 <= int(classes) <= 100:
+        raise HarnessError(f"cub100: dataset.params.classes must be 4..100, got {classes}")
     path = find_archive(data_root)
     check_archive(path)
     with zipfile.ZipFile(path) as archive:
-        classes, files = _index(archive, "classes.txt"), _index(archive, "images.txt")
+        all_classes, files = _index(archive, "classes.txt"), _index(archive, "images.txt")
         label_of = _index(archive, "image_class_labels.txt")
-        ids = sorted(files)
+        classes = {c: all_classes[c] for c in sorted(all_classes)[: int(classes)]}
+        ids = sorted(i for i in files if _class_of(label_of, i) in classes)
         images = np.empty((len(ids), 3, SIZE, SIZE), dtype=np.uint8)
         for row, image_id in enumerate(ids):
             member = f"{FOLDER}/images/{files[image_id]}"

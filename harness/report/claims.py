@@ -177,3 +177,41 @@ def claims_section(runs: list[RunResult]) -> list[str]:
         "numbers reproduce.",
         "", table, "",
     ]  # fmt: skip
+
+
+def claims_across(groups: dict[str, list[RunResult]]) -> list[dict[str, str]]:
+    """One row per claim, one verdict per real-photo protocol (a protocol on a pretrained
+    backbone where the claim's methods ran): does each ordering hold on birds, cars and
+    groceries alike? Empty with fewer than two such protocols."""
+    per = {name: claim_rows(g) for name, g in sorted(groups.items()) if g and pretrained(g)}
+    per = {name: rows for name, rows in per.items() if rows}
+    if len(per) < 2:
+        return []
+    first = next(iter(per.values()))
+    out = []
+    for i, row in enumerate(first):
+        line = {"claim": row["claim"], "whose": row["whose"], "paper's data": row["paper's data"]}
+        for name, rows in per.items():
+            line[f"{name}: Δ {METRIC}"] = rows[i][f"ours: Δ {METRIC}"]
+            line[name] = rows[i]["verdict"]
+        out.append(line)
+    return out
+
+
+def claims_across_section(groups: dict[str, list[RunResult]]) -> str:
+    """The leaderboard's section gathering the claims over every real-photo protocol."""
+    rows = claims_across(groups)
+    if not rows:
+        return ""
+    names = [k for k in rows[0] if k not in ("claim", "whose", "paper's data")
+             and not k.endswith(f"Δ {METRIC}")]  # fmt: skip
+    table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
+                     disable_numparse=True)  # fmt: skip
+    return "\n".join([
+        "", "## The seed papers' claims on every real-photo protocol", "",
+        f"Each claim's verdict on {METRIC} per protocol ({', '.join(names)}), as each "
+        "protocol's own claims table gives it (paired t-tests over the seeds both methods ran, "
+        "Benjamini-Hochberg-adjusted within the protocol), with A − B in points and its 95 % "
+        "interval. A claim that holds on one dataset and not another is a finding about the "
+        "data, not only about the method.", "", table, "",
+    ])  # fmt: skip

@@ -32,10 +32,12 @@ from harness.report.forest import (
 from harness.report.ranks import (
     bump_caption,
     bump_figure,
+    by_setting,
     caption,
     cd_figure,
     protocol_blocks,
     rank_test,
+    setting_agreement,
 )
 
 CD_DIAGRAM = "cd_diagram"
@@ -113,9 +115,35 @@ def draw_glance(runs: list[RunResult], folder: Path) -> list[Glance]:
     if len(blocks) >= 2:
         out.append(Glance(BUMP_CHART, "bump chart of each method's rank per protocol",
                           bump_caption(blocks), bump_figure(blocks, folder / f"{BUMP_CHART}.png")))  # fmt: skip
+    out += _setting_figures(blocks, folder)
     groups = protocol_groups(runs, tuned=True)
     for name in sorted(groups):
         out += _protocol_figures(name, groups[name], folder)
+    return out
+
+
+def _setting_figures(blocks: list, folder: Path) -> list[Glance]:
+    """Per setting (pretrained on real photos, from scratch), when the protocols hold both:
+    its own critical-difference diagram and bump chart; the last caption says how the two
+    settings' rankings agree."""
+    out, tests = [], {}
+    for setting, group in by_setting(blocks).items():
+        stem = safe_name(setting.split()[0])  # pretrained, from
+        stem = "scratch" if stem == "from" else stem
+        test = rank_test(group)
+        if test is not None:
+            tests[setting] = test
+            out.append(Glance(f"{CD_DIAGRAM}_{stem}", f"critical-difference diagram, {setting}",
+                              f"{setting.capitalize()}: {caption(test)}",
+                              cd_figure(test, folder / f"{CD_DIAGRAM}_{stem}.png")))  # fmt: skip
+        if len(group) >= 2:
+            out.append(Glance(f"{BUMP_CHART}_{stem}", f"bump chart of ranks, {setting}",
+                              f"{setting.capitalize()}: {bump_caption(group)}",
+                              bump_figure(group, folder / f"{BUMP_CHART}_{stem}.png")))  # fmt: skip
+    agreement = setting_agreement(tests)
+    if agreement and out:
+        last = out[-1]
+        out[-1] = Glance(last.name, last.title, f"{last.caption} {agreement}", last.png)
     return out
 
 

@@ -33,8 +33,8 @@ from harness.records import (
     parse_result,
     write_text_atomic,
 )
-from harness.report.agreement import agreement_section
-from harness.report.claims import claims_section
+from harness.report.agreement import agreement_section, protocol_groups
+from harness.report.claims import claims_across_section, claims_section
 from harness.report.cost_tables import cost_section
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.glance import glance_section
@@ -500,7 +500,8 @@ def write_leaderboard(results_dir: Path) -> Path:
     path = Path(results_dir) / "LEADERBOARD.md"
     rendered = render(runs)
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
-    text = (head + glance_section(runs, Path(results_dir)) + sep + tables
+    text = (head + glance_section(runs, Path(results_dir))
+            + claims_across_section(protocol_groups(runs)) + sep + tables
             + agreement_section(runs) + reference_section(Path(results_dir), runs)
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip

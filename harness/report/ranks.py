@@ -53,12 +53,18 @@ class Block:
     metric: str
     means: dict[str, float]
     started: str
+    setting: str = ""  # SETTINGS: from scratch, or pretrained on real photos
+
+
+# the two settings a protocol belongs to, by its backbone's starting weights
+SCRATCH, PRETRAINED = "from scratch", "pretrained on real photos"
 
 
 def protocol_blocks(runs: list[RunResult]) -> list[Block]:
     """Every full-budget protocol (runs of several versions: one block per version, named as
     the agreement table names them) with its rows' means, oldest protocol first."""
     from harness.report.agreement import _means, protocol_groups
+    from harness.report.verdicts import pretrained
 
     blocks = []
     for name, group in protocol_groups(runs, tuned=True).items():
@@ -70,8 +76,32 @@ def protocol_blocks(runs: list[RunResult]) -> list[Block]:
             name += TUNED_BLOCK
         else:
             metric, means = _means(group)  # as the agreement table ranks them
-        blocks.append(Block(name, metric, means, started))
+        setting = PRETRAINED if pretrained(group) else SCRATCH
+        blocks.append(Block(name, metric, means, started, setting))
     return sorted(blocks, key=lambda b: (b.started, b.name))
+
+
+def by_setting(blocks: list[Block]) -> dict[str, list[Block]]:
+    """The blocks of each setting (pretrained on real photos first), when both have some."""
+    out = {s: [b for b in blocks if b.setting == s] for s in (PRETRAINED, SCRATCH)}
+    return out if all(out.values()) else {}
+
+
+def setting_agreement(tests: dict[str, RankTest]) -> str:
+    """One sentence: how the settings' average ranks agree (Kendall's tau over the methods
+    both rank), or why it cannot be said."""
+    from scipy.stats import kendalltau
+
+    if len(tests) < 2:
+        return ""
+    (a, first), (b, second) = tests.items()
+    shared = sorted(set(first.ranks.index) & set(second.ranks.index))
+    if len(shared) < MIN_METHODS:
+        return (f"The two settings share {len(shared)} ranked methods: too few for a Kendall's "
+                "tau between their rankings.")  # fmt: skip
+    tau, p = kendalltau([first.ranks[m] for m in shared], [second.ranks[m] for m in shared])
+    return (f"How the two settings agree: Kendall's tau between the average ranks {a} and "
+            f"{b} is {tau:+.2f} (p = {p:.2g}, {len(shared)} methods).")  # fmt: skip
 
 
 def shared_blocks(blocks: list[Block]) -> tuple[list[Block], list[str], list[Block]]:

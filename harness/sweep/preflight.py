@@ -6,10 +6,11 @@ data (class counts against the sampler, files on disk) is left to the run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from harness.backbones import BACKBONES
+from harness.backbones import BACKBONES, build_backbone, check_frozen_stages
 from harness.core import (
     METHODS,
     HarnessError,
@@ -37,6 +38,13 @@ def check_backbone(protocol: Protocol) -> None:
                 f"{protocol.path}: bad backbone.params: backbone {spec.name} has no parameter "
                 f"{param!r}{closest(param, allowed)}; it takes: {', '.join(allowed) or 'none'}"
             )
+    if protocol.features.cached:  # the stage count of the network, built without weights
+        bare = dataclasses.replace(spec, pretrained="none", weights_file="")
+        stages = len(build_backbone(bare, 3).stages)
+        try:
+            check_frozen_stages(protocol.features.frozen_stages, stages)
+        except HarnessError as exc:
+            raise HarnessError(f"{protocol.path}: {exc}") from None
 
 
 def check_methods(protocol: Protocol, names: Iterable[str] = ()) -> dict[str, dict[str, Any]]:

@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from harness.backbones import build_backbone, trunk_outputs, weights_sha256
-from harness.core import Protocol, RunContext, autocast, default_cache_dir
+from harness.core import HarnessError, Protocol, RunContext, autocast, default_cache_dir
 from harness.data import LabelledImages, Split, TrainPipeline, for_test
 from harness.data.cached import CachedViews
 from harness.records import machine_fingerprint
@@ -91,7 +91,7 @@ def with_cached_features(ctx: RunContext, data: LabelledImages, split: Split) ->
     if views is None:
         views = _load(path, key)
         if views is None:
-            views = _compute(ctx, data, split)
+            views = _compute(ctx, data, split, path)
             _save(path, key, views)
         _LOADED.clear()
         _LOADED[path] = views
@@ -134,15 +134,53 @@ def _save(path: Path, key: dict[str, Any], views: CachedViews) -> None:
     log.info("feature cache: saved %s (%.0f MB)", path, path.stat().st_size / 2**20)
 
 
+def available_memory() -> int:
+    """Bytes of memory this machine can still give (MemAvailable; all of it elsewhere)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_room(rows: int, values: int, path: Path) -> None:
+    """Refuse, before the trunk runs, a cache that cannot fit: it is held in memory twice
+    while it is assembled, and written once to disk (float16: 2 bytes a value)."""
+    import shutil
+
+    size = rows * values * 2
+    memory, where = available_memory(), path.parent
+    where.mkdir(parents=True, exist_ok=True)
+    disk = shutil.disk_usage(where).free
+    gb = 2**30
+    if 2 * size > memory or size > disk:
+        short = "memory" if 2 * size > memory else "disk"
+        raise HarnessError(
+            f"the feature cache would hold {rows} rows of {values} values ({size / gb:.1f} GB; "
+            f"{2 * size / gb:.1f} GB of memory while it is built), but this machine has "
+            f"{memory / gb:.1f} GB of memory available and {disk / gb:.1f} GB free in {where}: "
+            f"not enough {short}; freeze more stages (features.frozen_stages; all of them caches "
+            "only the pooled features), or use fewer features.train_views"
+        )
+
+
 @torch.no_grad()
-def _compute(ctx: RunContext, data: LabelledImages, split: Split) -> CachedViews:
-    """The trunk's outputs, in eval mode (its BatchNorm statistics are ImageNet's)."""
+def _compute(ctx: RunContext, data: LabelledImages, split: Split, path: Path) -> CachedViews:
+    """The trunk's outputs, in eval mode (its BatchNorm statistics are ImageNet's), once the
+    cache is known to fit this machine."""
     protocol, features = ctx.protocol, ctx.protocol.features
     spec = protocol.backbone
     if ctx.weights:
         spec = dataclasses.replace(spec, weights_file=ctx.weights)
     backbone = build_backbone(spec, data.images.shape[1]).to(ctx.device).eval()
     train_rows = np.sort(np.asarray(split.train, dtype=np.int64))
+    side = spec.input_size
+    probe = torch.zeros((1, data.images.shape[1], side, side), dtype=torch.uint8)
+    values = trunk_outputs(backbone, backbone.prepare(probe.to(ctx.device)),
+                           features.frozen_stages).shape[1]  # fmt: skip
+    check_room(len(train_rows) * features.train_views + len(data), values, path)
     pipeline = TrainPipeline(protocol.augmentation.train, features.view_seed)
     total = len(train_rows) * features.train_views + len(data)
     bar = tqdm(total=total, desc=f"feature cache ({protocol.name})", unit="img",

@@ -1,0 +1,416 @@
+"""Calibrating a protocol on validation classes: which trunk to freeze, how long to train, at
+what learning rate and embedding size, chosen without ever reading the test classes.
+
+A calibration file (protocols/calibration/<name>.yaml) names the protocol it calibrates, the
+fraction of its training classes carved as validation classes (the last sorted ones), a
+reference set of methods from several families (each at its paper defaults), a grid of
+protocol settings, and the budget a full sweep must fit. Every candidate of the grid trains
+every reference method once on the remaining training classes and scores the validation
+classes by the protocol's selection metric (MAP@R); the pretrained network's own features
+(`untrained`) are scored on the same classes.
+
+The test classes are dropped before anything is cached or trained: the data the calibration
+works on holds the training and validation classes only, so changing the test images or their
+labels cannot change a number of the record. A grid may not set the split, the dataset, the
+seeds or the evaluation (that would change which classes are read or how they are scored).
+
+The choice: the candidate with the best mean validation MAP@R over the reference methods
+among those whose estimated full sweep (every registered method x the protocol's seeds, and
+the feature cache) fits `sweep_budget_minutes`. The estimate scales the measured time per run
+and the cache's time from the calibration's training images to the protocol's.
+
+A candidate whose sweep, projected from a finished candidate on the same trunk (time per run
+scales with the budget), would be over the budget is not run: the record says so with the
+projection. The record (`<results-dir>/calibration/<name>.json`, and a markdown table beside
+it) holds every candidate with each method's validation MAP@R and seconds; it is written after
+every run, so an interrupted calibration resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from harness.core import (
+    METHODS,
+    HarnessError,
+    Protocol,
+    RunContext,
+    closest,
+    load_protocol,
+    protocol_hyperparameters,
+    resolve_device,
+)
+from harness.core.paths import PROTOCOL_DIR
+from harness.core.protocol import parse_protocol
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_DIR = PROTOCOL_DIR / "calibration"
+ZERO_SHOT = "untrained"
+KEYS = ("schema", "protocol", "validation_fraction", "seed", "methods", "grid",
+        "sweep_budget_minutes", "description")  # fmt: skip
+# what a grid may set: what trains after the trunk, and how the trunk is cached
+SETTABLE = ("features", "budget", "optimizer", "schedule", "embedding_dim", "sampler",
+            "precision")  # fmt: skip
+FORBIDDEN = ("split", "dataset", "seeds", "evaluation", "methods", "name", "version")
+FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """One calibration file, checked."""
+
+    name: str
+    protocol: str
+    validation_fraction: float
+    seed: int
+    methods: list[str]
+    grid: dict[str, list[Any]]
+    sweep_budget_minutes: float
+    description: str = ""
+
+    def candidates(self) -> list[dict[str, Any]]:
+        """Every combination of the grid's values, as dotted key -> value."""
+        keys = list(self.grid)
+        return [
+            dict(zip(keys, values, strict=False))
+            for values in itertools.product(*self.grid.values())
+        ]
+
+
+def load_calibration(name_or_path: str) -> Calibration:
+    """A calibration by name (protocols/calibration/NAME.yaml) or path; a one-line error for
+    an unknown name, an unknown key or a setting that would read other classes."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = CALIBRATION_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in CALIBRATION_DIR.glob("*.yaml"))
+            raise HarnessError(f"unknown calibration {name_or_path!r}"
+                               f"{closest(name_or_path, known)}; known: {', '.join(known)} "
+                               "(or pass a path to a .yaml file)")  # fmt: skip
+    if not path.is_file():
+        raise HarnessError(f"calibration file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise HarnessError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise HarnessError(f"{path}: a calibration must be a YAML mapping")
+    for key in data:
+        if key not in KEYS:
+            raise HarnessError(f"{path}: unknown key {key!r}{closest(str(key), list(KEYS))}; "
+                               f"allowed: {', '.join(KEYS)}")  # fmt: skip
+    missing = [k for k in ("protocol", "validation_fraction", "methods", "grid") if k not in data]
+    if missing:
+        raise HarnessError(f"{path}: missing required key {missing[0]!r}")
+    if data.get("schema", 1) != FORMAT:
+        raise HarnessError(f"{path}: schema {data['schema']!r} is not supported (this harness "
+                           f"reads schema {FORMAT})")  # fmt: skip
+    calibration = Calibration(
+        name=path.stem, protocol=str(data["protocol"]),
+        validation_fraction=float(data["validation_fraction"]), seed=int(data.get("seed", 0)),
+        methods=[str(m) for m in data["methods"]], grid=dict(data["grid"] or {}),
+        sweep_budget_minutes=float(data.get("sweep_budget_minutes", 90)),
+        description=str(data.get("description", "")),
+    )  # fmt: skip
+    check_calibration(calibration, str(path))
+    return calibration
+
+
+def check_calibration(calibration: Calibration, where: str) -> None:
+    """Refuse before any work: no validation classes, a grid that reads test classes or
+    changes how they are scored, an unknown method or an empty grid."""
+    if not 0 < calibration.validation_fraction < 1:
+        raise HarnessError(f"{where}: validation_fraction must be in (0, 1): a calibration "
+                           "scores validation classes carved from the training classes, never "
+                           "the test classes")  # fmt: skip
+    if not calibration.grid or any(not isinstance(v, list) or not v
+                                   for v in calibration.grid.values()):  # fmt: skip
+        raise HarnessError(f"{where}: grid must map each setting to a non-empty list of values")
+    for key in calibration.grid:
+        top = key.split(".")[0]
+        if top in FORBIDDEN:
+            raise HarnessError(f"{where}: grid sets {key!r}: a calibration may not change the "
+                               "split, dataset, seeds or evaluation (it would read the test "
+                               "classes, or score other classes than the validation ones)")  # fmt: skip
+        if top not in SETTABLE:
+            raise HarnessError(f"{where}: grid sets unknown setting {key!r}"
+                               f"{closest(top, list(SETTABLE))}; settable: {', '.join(SETTABLE)}")  # fmt: skip
+    for name in [*calibration.methods, ZERO_SHOT]:
+        if name not in METHODS:
+            raise HarnessError(f"{where}: unknown method {name!r}"
+                               f"{closest(name, METHODS.names())}")  # fmt: skip
+    if not calibration.methods:
+        raise HarnessError(f"{where}: methods is empty: name the reference methods")
+
+
+def _raw(protocol: Protocol) -> dict[str, Any]:
+    return yaml.safe_load(Path(protocol.path).read_text(encoding="utf-8"))
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        data = data.setdefault(part, {})
+        if not isinstance(data, dict):
+            raise HarnessError(f"calibration grid key {dotted!r}: {part} is not a mapping")
+    data[last] = value
+
+
+def variant(base: Protocol, calibration: Calibration, candidate: dict[str, Any]) -> Protocol:
+    """The protocol with the candidate's settings, validation classes carved and one seed."""
+    data = _raw(base)
+    for key, value in candidate.items():
+        _set(data, key, value)
+    data["split"] = {
+        **data.get("split", {}),
+        "validation_fraction": calibration.validation_fraction,
+    }
+    data["seeds"] = [calibration.seed]
+    data["name"] = f"{base.name}-calibration"
+    return parse_protocol(data, f"{base.path} with {candidate}")
+
+
+def candidate_id(candidate: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in candidate.items())
+
+
+def cache_id(candidate: dict[str, Any]) -> str:
+    """The candidate's trunk settings (candidates that share them share a feature cache)."""
+    return ", ".join(f"{k}={v}" for k, v in candidate.items() if k.startswith("features.")) or "-"
+
+
+def without_test(prepared: Any) -> tuple[Any, Any]:
+    """The data of the training and validation classes only, and its split (test empty)."""
+    from harness.data import Split
+
+    split = prepared.split
+    keep = np.sort(np.concatenate([split.train, split.validation]))
+    data = prepared.data.subset(keep)
+    position = {int(row): n for n, row in enumerate(keep)}
+    train = np.array([position[int(r)] for r in split.train], dtype=np.int64)
+    validation = np.array([position[int(r)] for r in split.validation], dtype=np.int64)
+    return data, Split(train, validation, np.zeros(0, np.int64), split.train_classes,
+                       split.validation_classes, [])  # fmt: skip
+
+
+def record_path(results_dir: str | Path, name: str) -> Path:
+    return Path(results_dir) / "calibration" / f"{name}.json"
+
+
+def _read(path: Path, calibration: Calibration, base: Protocol) -> dict[str, Any]:
+    fresh = {"format": FORMAT, "calibration": dataclasses.asdict(calibration),
+             "protocol": base.name, "protocol_version": base.version, "runs": {},
+             "caches": {}}  # fmt: skip
+    if not path.is_file():
+        return fresh
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        log.warning("calibration record %s cannot be read: starting it again", path)
+        return fresh
+    if stored.get("calibration") != fresh["calibration"] or stored.get("format") != FORMAT:
+        log.warning("calibration record %s was made by another calibration file: starting "
+                    "it again", path)  # fmt: skip
+        return fresh
+    return stored
+
+
+def _write(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".part")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(record, out, indent=1, sort_keys=True)
+        out.write("\n")
+    os.replace(tmp, path)
+
+
+def calibrate(
+    name_or_path: str,
+    results_dir: str | Path = "results",
+    data_root: str | None = None,
+    device: str = "auto",
+    max_steps: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run (or resume) a calibration; returns its record with the choice filled in."""
+    from harness.data import prepare_data
+    from harness.evaluate import selection_score
+    from harness.train import train_model, with_cached_features
+
+    calibration = load_calibration(name_or_path)
+    base = load_protocol(calibration.protocol)
+    candidates = calibration.candidates()
+    protocols = [variant(base, calibration, c) for c in candidates]  # every setting checked
+    from harness.sweep import check_protocol
+
+    for protocol in protocols:
+        check_protocol(protocol, [*calibration.methods, ZERO_SHOT])
+    path = record_path(results_dir, calibration.name)
+    record = _read(path, calibration, base)
+    record.setdefault("skipped", {})
+    sizes = _sizes(base, protocols[0], data_root)
+    total = len(candidates) * (len(calibration.methods) + 1)
+    done = 0
+    for candidate, protocol in zip(candidates, protocols, strict=False):
+        cid = candidate_id(candidate)
+        runs = record["runs"].get(cid, {})
+        if all(m in runs for m in [ZERO_SHOT, *calibration.methods]) or cid in record["skipped"]:
+            done += len(calibration.methods) + 1
+            continue
+        projected = projected_minutes(record, calibration, candidate, sizes)
+        if projected is not None and projected[0] > calibration.sweep_budget_minutes:
+            record["skipped"][cid] = {"projected_sweep_minutes": round(projected[0], 1),
+                                      "from": projected[1]}  # fmt: skip
+            log.info("%s: not run: its sweep would take about %.0f minutes (projected from %s), "
+                     "over the budget", cid, projected[0], projected[1])  # fmt: skip
+            record["runs"].pop(cid, None)
+            _write(path, record)
+            done += len(calibration.methods) + 1
+            continue
+        runs = record["runs"].setdefault(cid, {})
+        ctx = RunContext(protocol, calibration.seed, resolve_device(device), max_steps=max_steps,
+                         data_root=data_root, progress=progress)  # fmt: skip
+        data, split = without_test(prepare_data(protocol, data_root))
+        started = time.perf_counter()
+        data = with_cached_features(ctx, data, split)  # built once per trunk, then loaded
+        key = cache_id(candidate)
+        record["caches"][key] = max(record["caches"].get(key, 0.0),
+                                    round(time.perf_counter() - started, 2))  # fmt: skip
+        for method in [ZERO_SHOT, *calibration.methods]:
+            done += 1
+            if method in runs:
+                continue
+            log.info("[%d/%d] %s: %s ...", done, total, cid, method)
+            hyper = protocol_hyperparameters(protocol, method)
+            started = time.perf_counter()
+            model, _ = train_model(ctx, method, hyper, data, split.train)
+            score = selection_score(ctx, model.backbone, model.method, data.images[split.validation],
+                                    data.labels[split.validation])  # fmt: skip
+            runs[method] = {"map@r": round(float(score), 6),
+                            "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
+            log.info("[%d/%d] %s: %s validation %s %.4f in %.1fs", done, total, cid, method,
+                     protocol.evaluation.select_by, score, runs[method]["seconds"])  # fmt: skip
+            _write(path, record)
+    record["choice"] = choose(record, calibration, sizes)
+    _write(path, record)
+    path.with_suffix(".md").write_text(markdown(record, calibration), encoding="utf-8")
+    return record
+
+
+def _sizes(base: Protocol, calibrating: Protocol, data_root: str | None) -> dict[str, int]:
+    """Training and total images of the protocol and of the calibration's data."""
+    from harness.data import prepare_data
+
+    full = prepare_data(base, data_root)
+    cal = prepare_data(calibrating, data_root).split
+    return {"train": len(full.split.train), "images": len(full.data),
+            "calibration_train": len(cal.train),
+            "calibration_images": len(cal.train) + len(cal.validation),
+            "seeds": len(base.seeds), "methods": len(METHODS.names())}  # fmt: skip
+
+
+def _budget(candidate: dict[str, Any]) -> tuple[str, float] | None:
+    for key in ("budget.epochs", "budget.steps"):
+        if key in candidate:
+            return key, float(candidate[key])
+    return None
+
+
+def projected_minutes(record: dict[str, Any], calibration: Calibration,
+                      candidate: dict[str, Any], sizes: dict[str, int]) -> tuple[float, str] | None:  # fmt: skip
+    """A candidate's full sweep projected from a finished candidate on the same trunk and
+    budget unit (time per run scales with the budget), before anything of it runs: a
+    candidate far over the budget is not run. None when no such candidate has finished."""
+    mine = _budget(candidate)
+    if mine is None:
+        return None
+    for other in calibration.candidates():
+        cid, theirs = candidate_id(other), _budget(other)
+        runs = record["runs"].get(cid, {})
+        if (cache_id(other) != cache_id(candidate) or theirs is None or theirs[0] != mine[0]
+                or not all(m in runs for m in [ZERO_SHOT, *calibration.methods])):  # fmt: skip
+            continue
+        scaled = {m: {**r, "seconds": r["seconds"] * mine[1] / theirs[1]} for m, r in runs.items()}
+        views = int(candidate.get("features.train_views", 1) or 1)
+        return estimate_minutes(scaled, record["caches"].get(cache_id(candidate), 0.0), views,
+                                sizes), cid  # fmt: skip
+    return None
+
+
+def estimate_minutes(runs: dict[str, Any], cache_seconds: float, views: int,
+                     sizes: dict[str, int]) -> float:  # fmt: skip
+    """A full sweep's minutes: every method x seed at the reference methods' mean time per
+    run (scaled to the protocol's training images), and the cache (scaled to its rows)."""
+    trained = [r["seconds"] for m, r in runs.items() if m != ZERO_SHOT]
+    per_run = float(np.mean(trained)) * sizes["train"] / max(1, sizes["calibration_train"])
+    rows = sizes["train"] * views + sizes["images"]
+    cal_rows = sizes["calibration_train"] * views + sizes["calibration_images"]
+    cache = cache_seconds * rows / max(1, cal_rows)
+    return (per_run * sizes["methods"] * sizes["seeds"] + cache) / 60
+
+
+def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, int]) -> dict:
+    """Each candidate's mean reference MAP@R, gain over zero-shot and estimated sweep time;
+    the best that fits the budget is the choice."""
+    rows = []
+    for cid, runs in record["runs"].items():
+        if not all(m in runs for m in [ZERO_SHOT, *calibration.methods]):
+            continue
+        candidate = next(c for c in calibration.candidates() if candidate_id(c) == cid)
+        views = int(candidate.get("features.train_views", 1) or 1)
+        frozen = cache_id(candidate)
+        mean = float(np.mean([runs[m]["map@r"] for m in calibration.methods]))
+        rows.append({"candidate": cid, "mean_map@r": round(mean, 6),
+                     "gain_over_zero_shot": round(mean - runs[ZERO_SHOT]["map@r"], 6),
+                     "sweep_minutes": round(estimate_minutes(runs, record["caches"].get(frozen, 0.0),
+                                                             views, sizes), 1)})  # fmt: skip
+    fitting = [r for r in rows if r["sweep_minutes"] <= calibration.sweep_budget_minutes]
+    best = max(fitting, key=lambda r: r["mean_map@r"]) if fitting else None
+    return {"candidates": sorted(rows, key=lambda r: -r["mean_map@r"]), "sizes": sizes,
+            "chosen": best["candidate"] if best else None,
+            "chosen_settings": next((c for c in calibration.candidates()
+                                     if best and candidate_id(c) == best["candidate"]), None),
+            "learns": bool(best and best["gain_over_zero_shot"] > 0)}  # fmt: skip
+
+
+def markdown(record: dict[str, Any], calibration: Calibration) -> str:
+    """The record as a table: every candidate, each method's validation MAP@R (%), seconds."""
+    methods = [ZERO_SHOT, *calibration.methods]
+    choice = record["choice"]
+    summary = {r["candidate"]: r for r in choice["candidates"]}
+    head = ["candidate", *methods, "mean (ref.)", "vs zero-shot", "s/run", "est. sweep min"]
+    lines = [f"# Calibration `{calibration.name}` of protocol `{calibration.protocol}`", "",
+             f"Validation classes: the last {calibration.validation_fraction:.0%} of the sorted "
+             f"training classes; seed {calibration.seed}; validation MAP@R in %; the test "
+             "classes are never read. Chosen: "
+             f"**{choice['chosen'] or 'none within the budget'}** (best mean of the reference "
+             f"methods among candidates whose estimated sweep fits "
+             f"{calibration.sweep_budget_minutes:g} minutes).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for row in choice["candidates"]:
+        runs = record["runs"][row["candidate"]]
+        seconds = np.mean([runs[m]["seconds"] for m in calibration.methods])
+        cells = [row["candidate"], *[f"{100 * runs[m]['map@r']:.2f}" for m in methods],
+                 f"{100 * row['mean_map@r']:.2f}", f"{100 * row['gain_over_zero_shot']:+.2f}",
+                 f"{seconds:.1f}", f"{summary[row['candidate']]['sweep_minutes']:.0f}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    for cid, why in record.get("skipped", {}).items():
+        cells = [cid, *["not run"] * len(methods), "", "", "",
+                 f"{why['projected_sweep_minutes']:.0f} (projected from {why['from']})"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    caches = "; ".join(f"{k}: {v:.0f} s" for k, v in record["caches"].items())
+    lines += ["", f"Feature caches of the calibration's images: {caches}.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,320 @@
+"""The real-photo protocols beside the birds: the cars196_mini and grocery_store_mini datasets
+(archives, class-disjoint splits, coarse labels, bad archives), a wholly frozen trunk (only the
+head trains on the cached pooled features), the cache's room check, and the calibration that
+chooses a protocol's settings on validation classes without reading the test classes."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import harness.methods  # noqa: F401  (registers the methods)
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from test_birds import cached, tiny_protocol
+
+from harness.backbones import BACKBONES, FrozenTrunkTail, trunk_outputs
+from harness.cli import main
+from harness.core import HarnessError, load_protocol
+from harness.data import DATASETS, register_dataset, split_classes
+from harness.data import photo_zip as pz
+from harness.train import features
+from harness.tune import calibrate as cal
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared" / "data"
+needs = {spec.name: pytest.mark.skipif(not (SHARED / spec.name / spec.archive).is_file(),
+                                       reason=f"{spec.archive} not present in {SHARED}")
+         for spec in (pz.CARS, pz.GROCERIES)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cars():
+    return DATASETS.get("cars196_mini")(None, None)
+
+
+@pytest.fixture(scope="module")
+def groceries():
+    return DATASETS.get("grocery_store_mini")(None, None)
+
+
+@needs["cars196_mini"]
+@pytest.mark.slow
+def test_cars196_mini_is_the_standard_cars196_split_with_body_types(cars):
+    protocol = load_protocol("cars")
+    split = split_classes(cars, protocol.split)
+    assert cars.images.shape == (2940, 3, 227, 227) and len(cars.class_names) == 196
+    assert np.bincount(cars.labels).tolist() == [15] * 196
+    # the standard split: official ids 1-98 train (AM General Hummer .. Eagle Talon), 99-196 test
+    assert split.train_classes[0] == "AM General Hummer SUV 2000"
+    assert split.train_classes[-1] == "Eagle Talon Hatchback 1998"
+    assert split.test_classes[0] == "FIAT 500 Abarth 2012" and len(split.test_classes) == 98
+    assert not set(split.train_classes) & set(split.test_classes)
+    coarse = {cars.class_names[c]: cars.coarse_names[k]
+              for c, k in zip(cars.labels, cars.coarse_labels, strict=False)}  # fmt: skip
+    assert coarse["AM General Hummer SUV 2000"] == "suv"
+    assert coarse["Acura Integra Type R 2001"] == "other"  # no body word in the name
+    assert coarse["Ram C-V Cargo Van Minivan 2012"] == "minivan"  # Minivan before Van
+    assert coarse["Chevrolet Silverado 1500 Extended Cab 2012"] == "pickup"
+    assert cars.files[0].startswith("cars196_mini/images/AM General Hummer SUV 2000/")
+
+
+@needs["grocery_store_mini"]
+@pytest.mark.slow
+def test_grocery_store_mini_is_40_products_to_train_41_to_test_with_manifest_kinds(groceries):
+    split = split_classes(groceries, load_protocol("groceries").split)
+    assert len(groceries) == 3232 and len(groceries.class_names) == 81
+    assert len(split.train_classes) == 40 and split.test_classes[0] == "Green-Bell-Pepper"
+    assert not set(split.train_classes) & set(split.test_classes)
+    kind = {groceries.class_names[c]: groceries.coarse_names[k]
+            for c, k in zip(groceries.labels, groceries.coarse_labels, strict=False)}  # fmt: skip
+    assert kind["Granny-Smith"] == "Apple" and kind["Alpro-Blueberry-Soyghurt"] == "Soyghurt"
+    assert kind["Arla-Ecological-Medium-Fat-Milk"] == "Milk"
+    assert len(groceries.coarse_names) == 43
+
+
+@pytest.mark.parametrize("spec", [pz.CARS, pz.GROCERIES], ids=lambda s: s.name)
+def test_a_missing_truncated_or_altered_archive_is_refused(spec, tmp_path):
+    with pytest.raises(HarnessError, match=f"no {spec.archive} in --data-root .*README"):
+        DATASETS.get(spec.name)(tmp_path, None)
+    (tmp_path / spec.archive).write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(HarnessError, match=f"not the published {spec.sha256[:16]}"):
+        DATASETS.get(spec.name)(tmp_path, None)
+
+
+@needs["cars196_mini"]
+def test_a_bad_archive_is_one_line_exit_2_and_nothing_is_written(tmp_path, capsys):
+    short = tmp_path / "short"
+    short.mkdir()
+    with open(SHARED / "cars196_mini" / "cars196_mini.zip", "rb") as f:
+        (short / "cars196_mini.zip").write_bytes(f.read(1 << 20))
+    results = tmp_path / "results"
+    for root, message in ((tmp_path, "no cars196_mini.zip"), (short, "not the published")):
+        code = main(["run", "--protocol", "cars", "--method", "contrastive", "--seeds", "0",
+                     "--data-root", str(root), "--results-dir", str(results), "--quiet"])  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and message in err[0], err
+        assert not results.exists()
+
+
+# --- a wholly frozen trunk ---------------------------------------------------------------------
+
+
+def test_a_wholly_frozen_trunk_caches_pooled_features_and_the_tail_returns_them(tmp_path,
+                                                                                 monkeypatch):  # fmt: skip
+    ctx, prepared, data = cached(tmp_path, tiny_protocol(tmp_path, frozen=8), monkeypatch)
+    full = BACKBONES.get("efficientnet_lite0")(pretrained="imagenet", in_channels=3).eval()
+    assert data.images.test.shape[1] == sum(full.stage_dims)  # 1,872 values, not 7 x 7 x 1,280
+    tail = FrozenTrunkTail(full, 8).eval()
+    assert not list(tail.parameters())  # nothing of the backbone trains: only the head will
+    images = prepared.data.images[:3].load()[:, :, 4:68, 4:68]
+    with torch.no_grad():
+        expected = full(full.prepare(images))
+        got = tail(tail.prepare(data.images[:3].to("cpu")))
+        assert torch.equal(trunk_outputs(full, full.prepare(images), 8),
+                           torch.cat(expected, dim=1))  # fmt: skip
+    for g, e in zip(got, expected, strict=True):  # the cache holds float16
+        torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2)
+
+
+def test_frozen_stages_past_the_network_is_refused_by_validate_before_any_work(tmp_path, capsys):
+    protocol_file = tiny_protocol(tmp_path, frozen=9)
+    assert main(["validate", str(protocol_file)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "frozen_stages must be 1..8" in err[0] and "got 9" in err[0]
+    results = tmp_path / "results"
+    code = main(["run", "--protocol", str(protocol_file), "--method", "contrastive",
+                 "--data-root", str(tmp_path / "data"), "--results-dir", str(results), "-q"])  # fmt: skip
+    assert code == 2 and not results.exists()
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_cache_larger_than_the_machine_is_refused_before_the_trunk_runs(tmp_path, monkeypatch,
+                                                                          capsys):  # fmt: skip
+    monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(features, "available_memory", lambda: 100_000)
+    ran = []
+    monkeypatch.setattr(features, "trunk_outputs", lambda *a: ran.append(1) or torch.zeros(1, 999))
+    results = tmp_path / "results"
+    code = main(["run", "--protocol", str(tiny_protocol(tmp_path, frozen=6)), "--method",
+                 "contrastive", "--data-root", str(tmp_path / "data"), "--results-dir",
+                 str(results), "-q"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    # 12 training images x 2 views + 24 images = 48 rows of 999 values, 2 bytes each
+    assert "48 rows of 999 values" in err[0] and "0.0 GB of memory available" in err[0]
+    assert ran == [1] and not results.exists()  # only the one-image probe ran
+
+
+# --- calibration -------------------------------------------------------------------------------
+
+
+def calibration_file(tmp_path: Path, protocol_file: Path, name: str = "calibration",
+                     **changes) -> Path:  # fmt: skip
+    spec = {"protocol": str(protocol_file), "validation_fraction": 0.4, "seed": 0,
+            "methods": ["contrastive", "multi_similarity"], "sweep_budget_minutes": 90,
+            "grid": {"budget.steps": [1, 3], "optimizer.lr": [0.001]}, **changes}  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"validation_fraction": 0}, "validation_fraction must be in \\(0, 1\\)"),
+    ({"grid": {"split.validation_fraction": [0.5]}}, "may not change the split"),
+    ({"grid": {"evaluation.metrics": [["map@r"]]}}, "may not change the split, dataset, seeds or evaluation"),
+    ({"grid": {"budget.epoch": [1]}, "colour": 1}, "unknown key 'colour'"),
+    ({"grid": {"optimiser.lr": [1]}}, "unknown setting 'optimiser.lr'.*optimizer"),
+    ({"methods": ["contrastiv"]}, "unknown method 'contrastiv'.*contrastive"),
+    ({"grid": {"budget.steps": []}}, "non-empty list"),
+])  # fmt: skip
+def test_a_calibration_that_would_read_test_classes_or_is_malformed_is_one_line(
+    tmp_path, capsys, changes, message
+):
+    path = calibration_file(tmp_path, tiny_protocol(tmp_path), **changes)
+    assert main(["calibrate", str(path), "--results-dir", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert re.search(message, err[0]), err[0]
+    assert not (tmp_path / "results").exists()
+
+
+def poisoned_folder(name: str) -> None:
+    """A `folder` dataset whose test classes (the last 5 of 10 sorted classes) hold one
+    image over and over, their labels shuffled: what a calibration must never look at."""
+
+    @register_dataset(name)
+    def build(data_root, cache_dir):
+        data = DATASETS.get("folder")(data_root, cache_dir)
+        test = np.flatnonzero(data.labels >= 5)
+        rows = np.arange(len(data))
+        rows[test] = 0
+        labels = data.labels.copy()
+        labels[test] = np.random.default_rng(1).permutation(labels[test][::-1])
+        return replace(data, images=data.images[rows], labels=labels)
+
+
+def test_calibration_reads_only_validation_classes_and_chooses_the_best_within_budget(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "cache"))
+    protocol_file = tiny_protocol(tmp_path)
+    rng = np.random.default_rng(1)
+    for c in range(6, 10):  # 10 classes: 3 to train, 2 to validate, 5 to test
+        (tmp_path / "data" / f"class{c}").mkdir()
+        for i in range(4):
+            pixels = (rng.random((72, 72, 3)) * 60 + c * 20).astype(np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "data" / f"class{c}" / f"{i}.png")
+    calibration = calibration_file(tmp_path, protocol_file)
+    clean = cal.calibrate(str(calibration), tmp_path / "clean", str(tmp_path / "data"), "cpu")
+    poisoned_folder("poisoned_folder_for_calibration")
+    poisoned = tmp_path / "poisoned.yaml"
+    poisoned.write_text(protocol_file.read_text().replace(
+        "{name: folder, params: {}}", "{name: poisoned_folder_for_calibration, params: {}}"))  # fmt: skip
+    other = calibration_file(tmp_path, poisoned, name="calibration_poisoned")
+    dirty = cal.calibrate(str(other), tmp_path / "dirty", str(tmp_path / "data"), "cpu")
+
+    def scores(record):
+        return {c: {m: r["map@r"] for m, r in runs.items()} for c, runs in record["runs"].items()}
+
+    assert scores(dirty) == scores(clean)  # no number depends on the test classes
+    assert dirty["choice"]["chosen"] == clean["choice"]["chosen"]
+    assert set(scores(clean)) == {"budget.steps=1, optimizer.lr=0.001",
+                                  "budget.steps=3, optimizer.lr=0.001"}  # fmt: skip
+    assert all(set(r) == {"untrained", "contrastive", "multi_similarity"}
+               for r in scores(clean).values())  # fmt: skip
+    # the record and its table are written, and a rerun resumes: nothing trains again
+    stored = json.loads((tmp_path / "clean/calibration/calibration.json").read_text())
+    assert stored["choice"] == json.loads(json.dumps(clean["choice"]))
+    assert "| candidate |" in (tmp_path / "clean/calibration/calibration.md").read_text()
+    monkeypatch.setattr("harness.train.train_model", lambda *a, **k: pytest.fail("trained again"))
+    again = cal.calibrate(str(calibration), tmp_path / "clean", str(tmp_path / "data"), "cpu")
+    assert scores(again) == scores(clean)
+
+
+def test_the_choice_is_the_best_mean_among_candidates_whose_sweep_fits():
+    spec = cal.Calibration("c", "p", 0.3, 0, ["a", "b"],
+                           {"budget.epochs": [10, 30, 100]}, sweep_budget_minutes=60)  # fmt: skip
+    runs = {"budget.epochs=10": {"untrained": {"map@r": 0.30, "seconds": 0},
+                                 "a": {"map@r": 0.30, "seconds": 1}, "b": {"map@r": 0.34, "seconds": 1}},
+            "budget.epochs=30": {"untrained": {"map@r": 0.30, "seconds": 0},
+                                 "a": {"map@r": 0.36, "seconds": 3}, "b": {"map@r": 0.36, "seconds": 3}},
+            "budget.epochs=100": {"untrained": {"map@r": 0.30, "seconds": 0},
+                                  "a": {"map@r": 0.40, "seconds": 10}, "b": {"map@r": 0.40, "seconds": 10}}}  # fmt: skip
+    sizes = {"train": 200, "images": 400, "calibration_train": 100, "calibration_images": 200,
+             "seeds": 5, "methods": 29}  # fmt: skip
+    choice = cal.choose({"runs": runs, "caches": {"-": 120.0}}, spec, sizes)
+    minutes = {r["candidate"]: r["sweep_minutes"] for r in choice["candidates"]}
+    # 10 s a run, doubled for twice the training images, x 29 methods x 5 seeds, + the cache
+    # scaled from 200 to 400 rows: (20 x 145 + 240) / 60 = 52.3 minutes
+    assert minutes["budget.epochs=100"] == pytest.approx(52.3, abs=0.05)
+    assert choice["chosen"] == "budget.epochs=100" and choice["learns"]
+    tight = replace(spec, sweep_budget_minutes=30)
+    choice = cal.choose({"runs": runs, "caches": {"-": 120.0}}, tight, sizes)
+    assert choice["chosen"] == "budget.epochs=30"  # 100 epochs would not fit 30 minutes
+    assert choice["chosen_settings"] == {"budget.epochs": 30}
+
+
+@pytest.mark.parametrize("name", ["cars", "groceries"])
+def test_each_committed_protocol_holds_its_calibrations_choice(name):
+    record = json.loads((REPO / "results/reference/calibration" / f"{name}.json").read_text())
+    protocol = load_protocol(name).content()
+    chosen = record["choice"]["chosen_settings"]
+    assert chosen, f"{name}: the calibration chose nothing"
+    for dotted, value in chosen.items():
+        node = protocol
+        for part in dotted.split("."):
+            node = node[part]
+        assert node == value, f"{name}: {dotted} is {node}, the calibration chose {value}"
+    assert record["calibration"]["protocol"] == name
+    assert record["calibration"] == json.loads(json.dumps(
+        cal.load_calibration(name).__dict__))  # the committed record is the committed file's  # fmt: skip
+
+
+# --- your own photos -----------------------------------------------------------------------
+
+
+def photo_folder(root: Path, classes: int = 32, per_class: int = 4, short: int | None = None):
+    """Class folders of small photos (32: 16 to train fill the protocol's 16 x 4 batch);
+    class `short` (if any) holds 3."""
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"kind{c:02d}").mkdir(parents=True, exist_ok=True)
+        for i in range(3 if c == short else per_class):
+            pixels = (rng.random((40, 56, 3)) * 80 + c * 5).astype(np.uint8)
+            Image.fromarray(pixels).save(root / f"kind{c:02d}" / f"{i}.jpg")
+    return root
+
+
+def test_the_photos_protocol_runs_on_anyones_class_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "cache"))
+    data = photo_folder(tmp_path / "mine")
+    results = tmp_path / "results"
+    code = main(["run", "--protocol", "photos", "--method", "untrained,contrastive", "--seeds",
+                 "0", "--max-steps", "2", "--data-root", str(data), "--results-dir",
+                 str(results), "-q"])  # fmt: skip
+    assert code == 0
+    zero = json.loads((results / "runs/photos/untrained/seed0.json").read_text())
+    trained = json.loads((results / "runs/photos/contrastive/seed0.json").read_text())
+    assert zero["training"]["steps"] == 0 and trained["training"]["steps"] == 2
+    assert trained["protocol"]["content"]["features"]["frozen_stages"] == 8
+    board = (results / "LEADERBOARD.md").read_text()
+    assert "untrained (zero-shot)" in board and "vs zero-shot" in board
+    assert len(list((tmp_path / "cache" / "features").glob("*.pt"))) == 1
+
+
+def test_a_training_class_with_fewer_than_k_photos_is_one_line_before_any_work(tmp_path,
+                                                                              monkeypatch, capsys):  # fmt: skip
+    monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "cache"))
+    data = photo_folder(tmp_path / "mine", short=1)  # kind01 trains, with 3 photos
+    results = tmp_path / "results"
+    code = main(["run", "--protocol", "photos", "--all", "--data-root", str(data),
+                 "--results-dir", str(results), "-q"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "kind01" in err[0] and "3" in err[0], err
+    assert not results.exists() and not (tmp_path / "cache" / "features").exists()
