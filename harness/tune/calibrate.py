@@ -46,6 +46,7 @@ from harness.core import (
     HarnessError,
     Protocol,
     RunContext,
+    TrainingFailed,
     closest,
     load_protocol,
     protocol_hyperparameters,
@@ -53,6 +54,7 @@ from harness.core import (
 )
 from harness.core.paths import PROTOCOL_DIR
 from harness.core.protocol import parse_protocol
+from harness.sweep import check_protocol
 
 log = logging.getLogger(__name__)
 
@@ -254,8 +256,6 @@ def calibrate(
     base = load_protocol(calibration.protocol)
     candidates = calibration.candidates()
     protocols = [variant(base, calibration, c) for c in candidates]  # every setting checked
-    from harness.sweep import check_protocol
-
     for protocol in protocols:
         check_protocol(protocol, [*calibration.methods, ZERO_SHOT])
     path = record_path(results_dir, calibration.name)
@@ -296,11 +296,18 @@ def calibrate(
             log.info("[%d/%d] %s: %s ...", done, total, cid, method)
             hyper = protocol_hyperparameters(protocol, method)
             started = time.perf_counter()
-            model, _ = train_model(ctx, method, hyper, data, split.train)
-            score = selection_score(ctx, model.backbone, model.method, data.images[split.validation],
-                                    data.labels[split.validation])  # fmt: skip
+            try:
+                model, _ = train_model(ctx, method, hyper, data, split.train)
+                score = selection_score(ctx, model.backbone, model.method,
+                                        data.images[split.validation],
+                                        data.labels[split.validation])  # fmt: skip
+                failure = None
+            except TrainingFailed as exc:  # scored 0, as a failed tuning trial is
+                score, failure = 0.0, str(exc)
             runs[method] = {"map@r": round(float(score), 6),
                             "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
+            if failure:
+                runs[method]["failure"] = failure
             log.info("[%d/%d] %s: %s validation %s %.4f in %.1fs", done, total, cid, method,
                      protocol.evaluation.select_by, score, runs[method]["seconds"])  # fmt: skip
             _write(path, record)

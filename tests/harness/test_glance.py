@@ -108,6 +108,31 @@ def test_one_protocol_gives_no_diagram():
     assert rank_test(_blocks({"p1": {"A": 0.5, "B": 0.4, "C": 0.3}})) is None
 
 
+def test_each_setting_gets_its_own_diagram_and_bump_chart_and_one_agreement_line(tmp_path):
+    from harness.report.glance import _setting_figures
+    from harness.report.ranks import PRETRAINED, SCRATCH, setting_agreement
+
+    order = {"A": 0.5, "B": 0.4, "C": 0.3, "D": 0.2}
+    reverse = {"A": 0.2, "B": 0.3, "C": 0.4, "D": 0.5}
+    blocks = [Block(f"s{i}", "map@r", dict(order), f"2026-01-0{i}", SCRATCH) for i in (1, 2)]
+    blocks += [Block(f"p{i}", "map@r", dict(reverse), f"2026-01-0{i + 2}", PRETRAINED)
+               for i in (1, 2, 3)]  # fmt: skip
+    figures = _setting_figures(blocks, tmp_path)
+    assert [g.name for g in figures] == ["cd_diagram_pretrained", "ranks_bump_pretrained",
+                                         "cd_diagram_scratch", "ranks_bump_scratch"]  # fmt: skip
+    assert all(g.png.is_file() for g in figures)
+    assert figures[0].caption.startswith("Pretrained on real photos: Average rank of 4 methods "
+                                         "over 3 protocols (p1, p2, p3")  # fmt: skip
+    # the scratch ranks are A..D and the pretrained ones D..A: tau -1 over the 4 methods
+    assert figures[-1].caption.endswith(
+        "Kendall's tau between the average ranks pretrained on real photos and from scratch "
+        "is -1.00 (p = 0.083, 4 methods).")  # fmt: skip
+    tests = {SCRATCH: rank_test(blocks[:2]), PRETRAINED: rank_test(blocks[2:])}
+    assert "-1.00" in setting_agreement(tests)
+    # one setting only: nothing beside the overall diagram
+    assert _setting_figures(blocks[:2], tmp_path) == []
+
+
 # ----------------------------------------------------------- against the committed tables
 
 

@@ -260,9 +260,29 @@ def test_the_choice_is_the_best_mean_among_candidates_whose_sweep_fits():
     assert choice["chosen_settings"] == {"budget.epochs": 30}
 
 
-@pytest.mark.parametrize("name", ["cars", "groceries"])
-def test_each_committed_protocol_holds_its_calibrations_choice(name):
-    record = json.loads((REPO / "results/reference/calibration" / f"{name}.json").read_text())
+def test_a_candidate_is_projected_from_a_finished_one_on_the_same_trunk():
+    spec = cal.Calibration("c", "p", 0.3, 0, ["a"],
+                           {"features.frozen_stages": [8, 7], "budget.epochs": [10, 30]}, 90)  # fmt: skip
+    done = {"untrained": {"map@r": 0.3, "seconds": 0}, "a": {"map@r": 0.4, "seconds": 12}}
+    record = {"runs": {"features.frozen_stages=7, budget.epochs=10": done},
+              "caches": {"features.frozen_stages=7": 60.0}}  # fmt: skip
+    sizes = {"train": 100, "images": 200, "calibration_train": 100, "calibration_images": 200,
+             "seeds": 5, "methods": 29}  # fmt: skip
+    later = {"features.frozen_stages": 7, "budget.epochs": 30}
+    minutes, source = cal.projected_minutes(record, spec, later, sizes)
+    # 3 x 12 s a run x 29 methods x 5 seeds + 60 s of cache = 88 minutes
+    assert minutes == pytest.approx(88.0) and source == "features.frozen_stages=7, budget.epochs=10"
+    # another trunk has nothing finished to project from
+    assert cal.projected_minutes(record, spec, {"features.frozen_stages": 8, "budget.epochs": 30},
+                                 sizes) is None  # fmt: skip
+
+
+@pytest.mark.parametrize("name, calibration", [("cars", "cars"), ("groceries", "groceries"),
+                                               ("photos", "cars")])  # fmt: skip
+def test_each_committed_protocol_holds_its_calibrations_choice(name, calibration):
+    record = json.loads(
+        (REPO / "results/reference/calibration" / f"{calibration}.json").read_text()
+    )
     protocol = load_protocol(name).content()
     chosen = record["choice"]["chosen_settings"]
     assert chosen, f"{name}: the calibration chose nothing"
@@ -271,9 +291,11 @@ def test_each_committed_protocol_holds_its_calibrations_choice(name):
         for part in dotted.split("."):
             node = node[part]
         assert node == value, f"{name}: {dotted} is {node}, the calibration chose {value}"
-    assert record["calibration"]["protocol"] == name
-    assert record["calibration"] == json.loads(json.dumps(
-        cal.load_calibration(name).__dict__))  # the committed record is the committed file's  # fmt: skip
+    assert record["calibration"]["protocol"] == calibration
+    # the committed record is the committed calibration file's
+    assert record["calibration"] == json.loads(
+        json.dumps(cal.load_calibration(calibration).__dict__)
+    )
 
 
 # --- your own photos -----------------------------------------------------------------------
@@ -318,3 +340,24 @@ def test_a_training_class_with_fewer_than_k_photos_is_one_line_before_any_work(t
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "kind01" in err[0] and "3" in err[0], err
     assert not results.exists() and not (tmp_path / "cache" / "features").exists()
+
+
+# --- the committed real-photo verdict ------------------------------------------------------
+
+
+def test_the_claims_across_real_photo_protocols_are_each_protocols_own_verdicts():
+    from harness.records import load_results
+    from harness.report.agreement import protocol_groups
+    from harness.report.claims import claim_rows, claims_across
+    from harness.report.verdicts import pretrained
+
+    groups = protocol_groups(load_results(REPO / "results" / "reference"))
+    photo = [name for name, group in sorted(groups.items()) if pretrained(group)]
+    assert {"cars", "groceries"} <= set(photo)
+    rows = claims_across(groups)
+    for name in photo:
+        own = claim_rows(groups[name])
+        assert [r[name] for r in rows] == [o["verdict"] for o in own]
+        assert [r[f"{name}: Δ recall@1"] for r in rows] == [o["ours: Δ recall@1"] for o in own]
+    board = (REPO / "results" / "reference" / "LEADERBOARD.md").read_text()
+    assert "## The seed papers' claims on every real-photo protocol" in board
