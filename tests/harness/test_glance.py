@@ -21,6 +21,8 @@ from harness.report.forest import dumbbell_drawing, dumbbells, forest, forest_dr
 from harness.report.glance import draw_glance, glance_section
 from harness.report.leaderboard import leaderboard_frame
 from harness.report.ranks import (
+    PRETRAINED,
+    SCRATCH,
     Block,
     average_ranks,
     blocks_to_resolve,
@@ -189,7 +191,9 @@ def test_the_tuned_forest_and_dumbbell_draw_the_tuned_table(committed):
 def test_the_committed_blocks_and_taus_are_the_agreement_tables(committed):
     runs = [r for g in committed.values() for r in g]
     blocks = protocol_blocks(runs)
-    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", "birds"]
+    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", "birds", "cars",
+                                        "groceries"]  # fmt: skip
+    assert [b.setting for b in blocks] == [SCRATCH] * 3 + [PRETRAINED] * 3
     plain = {r["protocols"].split(" (")[0] + "|" + r["protocols"].split(" vs ")[1].split(" (")[0]:
              r["Kendall's tau"] for r in agreement_rows(protocol_groups(runs))}  # fmt: skip
     a, b, tau, _, n = neighbour_taus(blocks)[0]
@@ -258,8 +262,12 @@ def test_the_leaderboard_section_links_every_figure(committed, tmp_path):
     assert sorted(names) == sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
     assert set(names) == {"cd_diagram.png", "ranks_bump.png", "forest_birds.png",
                           "forest_default.png", "forest_omniglot.png", "forest_tuning.png",
-                          "dumbbell_tuning.png"}  # fmt: skip
+                          "dumbbell_tuning.png", "forest_cars.png", "forest_groceries.png",
+                          "cd_diagram_pretrained.png", "ranks_bump_pretrained.png",
+                          "cd_diagram_scratch.png", "ranks_bump_scratch.png"}  # fmt: skip
     assert section.index("cd_diagram.png") < section.index("ranks_bump.png")
+    assert section.index("cd_diagram_pretrained.png") < section.index("cd_diagram_scratch.png")
+    assert "How the two settings agree: Kendall's tau between the average ranks" in section
     assert "Nemenyi" in section and "Kendall's tau between neighbours" in section
 
 
@@ -270,25 +278,31 @@ def test_a_single_protocol_gets_its_forest_only(committed, tmp_path):
 
 
 def test_the_readme_shows_the_committed_glance(committed):
-    """The README's first screen shows the committed CD diagram and tuned forest plot, and
-    its sentence quotes their numbers as the committed results give them."""
+    """The README's first screen shows the real-photo CD diagram and the cars forest plot,
+    and its sentence quotes their numbers as the committed results give them; the glyph
+    protocols' diagram and tuned forest follow, quoted alike."""
     readme = (REFERENCE.parents[1] / "README.md").read_text(encoding="utf-8")
-    first_screen = "\n".join(readme.split("\n")[:30])
-    for png in ("cd_diagram.png", "forest_tuning.png"):
-        assert f'src="results/reference/figures/{png}"' in first_screen
+    first_screen = " ".join("\n".join(readme.split("\n")[:34]).split())
+    whole = " ".join(readme.split())
+    for png in ("cd_diagram_pretrained.png", "forest_cars.png", "cd_diagram_scratch.png",
+                "forest_tuning.png"):  # fmt: skip
+        assert f'src="results/reference/figures/{png}"' in (
+            first_screen if "scratch" not in png and "tuning" not in png else whole
+        )
         assert (REFERENCE / "figures" / png).is_file()
     runs = [r for g in committed.values() for r in g]
-    test = rank_test(protocol_blocks(runs))
-    k, n = len(test.ranks), len(test.blocks)
-    (a, b), *rest = test.resolved()
-    assert not rest
+    for setting, text in ((PRETRAINED, first_screen), (SCRATCH, whole)):
+        test = rank_test([b for b in protocol_blocks(runs) if b.setting == setting])
+        k, n, resolved = len(test.ranks), len(test.blocks), test.resolved()
+        assert f"over the {n} {setting.split()[0]}" in text, setting
+        assert f"critical difference is {test.cd:.1f} ranks" in text
+        assert f"{len(resolved)} of {k * (k - 1) // 2} pairs" in text
+    cars = forest(committed["cars"], "cars")
+    tied = sum(r.mark.startswith("≈") for r in cars.rows)
+    assert f"{cars.rows[0].name} leads, and the {tied} shaded methods" in first_screen
     tuned = forest(committed["tuning"], "tuning")
     tied = sum(r.mark.startswith("≈") for r in tuned.rows)
-    sentence = " ".join(first_screen.split())
-    assert f"over all {n} committed protocols" in sentence
-    assert f"critical difference is {test.cd:.1f} ranks" in sentence
-    assert f"1 of {k * (k - 1) // 2} pairs is told apart ({a} over {b})" in sentence
-    assert f"{tuned.rows[0].name} leads, and the {tied} shaded methods" in sentence
+    assert f"{tuned.rows[0].name} leads, and the {tied} shaded methods" in whole
 
 
 DRAW = """
