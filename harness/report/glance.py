@@ -30,6 +30,8 @@ from harness.report.forest import (
     mark_kind,
 )
 from harness.report.ranks import (
+    SETTING_STEMS,
+    Block,
     bump_caption,
     bump_figure,
     by_setting,
@@ -122,14 +124,13 @@ def draw_glance(runs: list[RunResult], folder: Path) -> list[Glance]:
     return out
 
 
-def _setting_figures(blocks: list, folder: Path) -> list[Glance]:
+def _setting_figures(blocks: list[Block], folder: Path) -> list[Glance]:
     """Per setting (pretrained on real photos, from scratch), when the protocols hold both:
     its own critical-difference diagram and bump chart; the last caption says how the two
     settings' rankings agree."""
     out, tests = [], {}
     for setting, group in by_setting(blocks).items():
-        stem = safe_name(setting.split()[0])  # pretrained, from
-        stem = "scratch" if stem == "from" else stem
+        stem = SETTING_STEMS[setting]
         test = rank_test(group)
         if test is not None:
             tests[setting] = test

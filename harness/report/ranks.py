@@ -58,6 +58,7 @@ class Block:
 
 # the two settings a protocol belongs to, by its backbone's starting weights
 SCRATCH, PRETRAINED = "from scratch", "pretrained on real photos"
+SETTING_STEMS = {PRETRAINED: "pretrained", SCRATCH: "scratch"}  # their figures' file names
 
 
 def protocol_blocks(runs: list[RunResult]) -> list[Block]:
