@@ -248,10 +248,6 @@ def calibrate(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) a calibration; returns its record with the choice filled in."""
-    from harness.data import prepare_data
-    from harness.evaluate import selection_score
-    from harness.train import train_model, with_cached_features
-
     calibration = load_calibration(name_or_path)
     base = load_protocol(calibration.protocol)
     candidates = calibration.candidates()
@@ -262,13 +258,10 @@ def calibrate(
     record = _read(path, calibration, base)
     record.setdefault("skipped", {})
     sizes = _sizes(base, protocols[0], data_root)
-    total = len(candidates) * (len(calibration.methods) + 1)
-    done = 0
-    for candidate, protocol in zip(candidates, protocols, strict=False):
+    for n, (candidate, protocol) in enumerate(zip(candidates, protocols, strict=True), 1):
         cid = candidate_id(candidate)
         runs = record["runs"].get(cid, {})
         if all(m in runs for m in [ZERO_SHOT, *calibration.methods]) or cid in record["skipped"]:
-            done += len(calibration.methods) + 1
             continue
         projected = projected_minutes(record, calibration, candidate, sizes)
         if projected is not None and projected[0] > calibration.sweep_budget_minutes:
@@ -278,43 +271,52 @@ def calibrate(
                      "over the budget", cid, projected[0], projected[1])  # fmt: skip
             record["runs"].pop(cid, None)
             _write(path, record)
-            done += len(calibration.methods) + 1
             continue
-        runs = record["runs"].setdefault(cid, {})
+        log.info("candidate %d of %d: %s", n, len(candidates), cid)
         ctx = RunContext(protocol, calibration.seed, resolve_device(device), max_steps=max_steps,
                          data_root=data_root, progress=progress)  # fmt: skip
-        data, split = without_test(prepare_data(protocol, data_root))
-        started = time.perf_counter()
-        data = with_cached_features(ctx, data, split)  # built once per trunk, then loaded
-        key = cache_id(candidate)
-        record["caches"][key] = max(record["caches"].get(key, 0.0),
-                                    round(time.perf_counter() - started, 2))  # fmt: skip
-        for method in [ZERO_SHOT, *calibration.methods]:
-            done += 1
-            if method in runs:
-                continue
-            log.info("[%d/%d] %s: %s ...", done, total, cid, method)
-            hyper = protocol_hyperparameters(protocol, method)
-            started = time.perf_counter()
-            try:
-                model, _ = train_model(ctx, method, hyper, data, split.train)
-                score = selection_score(ctx, model.backbone, model.method,
-                                        data.images[split.validation],
-                                        data.labels[split.validation])  # fmt: skip
-                failure = None
-            except TrainingFailed as exc:  # scored 0, as a failed tuning trial is
-                score, failure = 0.0, str(exc)
-            runs[method] = {"map@r": round(float(score), 6),
-                            "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
-            if failure:
-                runs[method]["failure"] = failure
-            log.info("[%d/%d] %s: %s validation %s %.4f in %.1fs", done, total, cid, method,
-                     protocol.evaluation.select_by, score, runs[method]["seconds"])  # fmt: skip
-            _write(path, record)
+        _run_candidate(ctx, calibration, candidate, record, path)
     record["choice"] = choose(record, calibration, sizes)
     _write(path, record)
     path.with_suffix(".md").write_text(markdown(record, calibration), encoding="utf-8")
     return record
+
+
+def _run_candidate(ctx: RunContext, calibration: Calibration, candidate: dict[str, Any],
+                   record: dict[str, Any], path: Path) -> None:  # fmt: skip
+    """Train and score every reference method (and the zero-shot row) on one candidate's
+    protocol, on the training and validation classes only; the record written after each."""
+    from harness.data import prepare_data
+    from harness.evaluate import selection_score
+    from harness.train import train_model, with_cached_features
+
+    protocol, cid = ctx.protocol, candidate_id(candidate)
+    runs = record["runs"].setdefault(cid, {})
+    data, split = without_test(prepare_data(protocol, ctx.data_root))
+    started = time.perf_counter()
+    data = with_cached_features(ctx, data, split)  # built once per trunk, then loaded
+    key = cache_id(candidate)
+    record["caches"][key] = max(record["caches"].get(key, 0.0),
+                                round(time.perf_counter() - started, 2))  # fmt: skip
+    for method in [ZERO_SHOT, *calibration.methods]:
+        if method in runs:
+            continue
+        started = time.perf_counter()
+        try:
+            model, _ = train_model(ctx, method, protocol_hyperparameters(protocol, method), data,
+                                   split.train)  # fmt: skip
+            score = selection_score(ctx, model.backbone, model.method,
+                                    data.images[split.validation], data.labels[split.validation])  # fmt: skip
+            failure = None
+        except TrainingFailed as exc:  # scored 0, as a failed tuning trial is
+            score, failure = 0.0, str(exc)
+        runs[method] = {"map@r": round(float(score), 6),
+                        "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
+        if failure:
+            runs[method]["failure"] = failure
+        log.info("%s: %s validation %s %.4f in %.1fs", cid, method,
+                 protocol.evaluation.select_by, score, runs[method]["seconds"])  # fmt: skip
+        _write(path, record)
 
 
 def _sizes(base: Protocol, calibrating: Protocol, data_root: str | None) -> dict[str, int]:
