@@ -59,8 +59,7 @@ from harness.sweep import check_protocol
 log = logging.getLogger(__name__)
 
 CALIBRATION_DIR = PROTOCOL_DIR / "calibration"
-ZERO_SHOT = "untrained"
-KEYS = ("schema", "protocol", "validation_fraction", "seed", "methods", "grid",
+KEYS = ("schema", "protocol", "validation_fraction", "seed", "methods", "zero_shot", "grid",
         "sweep_budget_minutes", "description")  # fmt: skip
 # what a grid may set: what trains after the trunk, and how the trunk is cached
 SETTABLE = ("features", "budget", "optimizer", "schedule", "embedding_dim", "sampler",
@@ -81,6 +80,7 @@ class Calibration:
     grid: dict[str, list[Any]]
     sweep_budget_minutes: float
     description: str = ""
+    zero_shot: str = ""  # the method that trains nothing: the pretrained features' own row
 
     def candidates(self) -> list[dict[str, Any]]:
         """Every combination of the grid's values, as dotted key -> value."""
@@ -114,7 +114,8 @@ def load_calibration(name_or_path: str) -> Calibration:
         if key not in KEYS:
             raise HarnessError(f"{path}: unknown key {key!r}{closest(str(key), list(KEYS))}; "
                                f"allowed: {', '.join(KEYS)}")  # fmt: skip
-    missing = [k for k in ("protocol", "validation_fraction", "methods", "grid") if k not in data]
+    missing = [k for k in ("protocol", "validation_fraction", "methods", "zero_shot", "grid")
+               if k not in data]  # fmt: skip
     if missing:
         raise HarnessError(f"{path}: missing required key {missing[0]!r}")
     if data.get("schema", 1) != FORMAT:
@@ -125,7 +126,7 @@ def load_calibration(name_or_path: str) -> Calibration:
         validation_fraction=float(data["validation_fraction"]), seed=int(data.get("seed", 0)),
         methods=[str(m) for m in data["methods"]], grid=dict(data["grid"] or {}),
         sweep_budget_minutes=float(data.get("sweep_budget_minutes", 90)),
-        description=str(data.get("description", "")),
+        description=str(data.get("description", "")), zero_shot=str(data["zero_shot"]),
     )  # fmt: skip
     check_calibration(calibration, str(path))
     return calibration
@@ -150,7 +151,7 @@ def check_calibration(calibration: Calibration, where: str) -> None:
         if top not in SETTABLE:
             raise HarnessError(f"{where}: grid sets unknown setting {key!r}"
                                f"{closest(top, list(SETTABLE))}; settable: {', '.join(SETTABLE)}")  # fmt: skip
-    for name in [*calibration.methods, ZERO_SHOT]:
+    for name in [*calibration.methods, calibration.zero_shot]:
         if name not in METHODS:
             raise HarnessError(f"{where}: unknown method {name!r}"
                                f"{closest(name, METHODS.names())}")  # fmt: skip
@@ -253,7 +254,7 @@ def calibrate(
     candidates = calibration.candidates()
     protocols = [variant(base, calibration, c) for c in candidates]  # every setting checked
     for protocol in protocols:
-        check_protocol(protocol, [*calibration.methods, ZERO_SHOT])
+        check_protocol(protocol, [*calibration.methods, calibration.zero_shot])
     path = record_path(results_dir, calibration.name)
     record = _read(path, calibration, base)
     record.setdefault("skipped", {})
@@ -261,7 +262,10 @@ def calibrate(
     for n, (candidate, protocol) in enumerate(zip(candidates, protocols, strict=True), 1):
         cid = candidate_id(candidate)
         runs = record["runs"].get(cid, {})
-        if all(m in runs for m in [ZERO_SHOT, *calibration.methods]) or cid in record["skipped"]:
+        if (
+            all(m in runs for m in [calibration.zero_shot, *calibration.methods])
+            or cid in record["skipped"]
+        ):
             continue
         projected = projected_minutes(record, calibration, candidate, sizes)
         if projected is not None and projected[0] > calibration.sweep_budget_minutes:
@@ -298,7 +302,7 @@ def _run_candidate(ctx: RunContext, calibration: Calibration, candidate: dict[st
     key = cache_id(candidate)
     record["caches"][key] = max(record["caches"].get(key, 0.0),
                                 round(time.perf_counter() - started, 2))  # fmt: skip
-    for method in [ZERO_SHOT, *calibration.methods]:
+    for method in [calibration.zero_shot, *calibration.methods]:
         if method in runs:
             continue
         started = time.perf_counter()
@@ -350,20 +354,20 @@ def projected_minutes(record: dict[str, Any], calibration: Calibration,
         cid, theirs = candidate_id(other), _budget(other)
         runs = record["runs"].get(cid, {})
         if (cache_id(other) != cache_id(candidate) or theirs is None or theirs[0] != mine[0]
-                or not all(m in runs for m in [ZERO_SHOT, *calibration.methods])):  # fmt: skip
+                or not all(m in runs for m in [calibration.zero_shot, *calibration.methods])):  # fmt: skip
             continue
         scaled = {m: {**r, "seconds": r["seconds"] * mine[1] / theirs[1]} for m, r in runs.items()}
         views = int(candidate.get("features.train_views", 1) or 1)
         return estimate_minutes(scaled, record["caches"].get(cache_id(candidate), 0.0), views,
-                                sizes), cid  # fmt: skip
+                                sizes, calibration.zero_shot), cid  # fmt: skip
     return None
 
 
 def estimate_minutes(runs: dict[str, Any], cache_seconds: float, views: int,
-                     sizes: dict[str, int]) -> float:  # fmt: skip
+                     sizes: dict[str, int], zero_shot: str) -> float:  # fmt: skip
     """A full sweep's minutes: every method x seed at the reference methods' mean time per
     run (scaled to the protocol's training images), and the cache (scaled to its rows)."""
-    trained = [r["seconds"] for m, r in runs.items() if m != ZERO_SHOT]
+    trained = [r["seconds"] for m, r in runs.items() if m != zero_shot]
     per_run = float(np.mean(trained)) * sizes["train"] / max(1, sizes["calibration_train"])
     rows = sizes["train"] * views + sizes["images"]
     cal_rows = sizes["calibration_train"] * views + sizes["calibration_images"]
@@ -376,16 +380,16 @@ def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, in
     the best that fits the budget is the choice."""
     rows = []
     for cid, runs in record["runs"].items():
-        if not all(m in runs for m in [ZERO_SHOT, *calibration.methods]):
+        if not all(m in runs for m in [calibration.zero_shot, *calibration.methods]):
             continue
         candidate = next(c for c in calibration.candidates() if candidate_id(c) == cid)
         views = int(candidate.get("features.train_views", 1) or 1)
         frozen = cache_id(candidate)
         mean = float(np.mean([runs[m]["map@r"] for m in calibration.methods]))
         rows.append({"candidate": cid, "mean_map@r": round(mean, 6),
-                     "gain_over_zero_shot": round(mean - runs[ZERO_SHOT]["map@r"], 6),
+                     "gain_over_zero_shot": round(mean - runs[calibration.zero_shot]["map@r"], 6),
                      "sweep_minutes": round(estimate_minutes(runs, record["caches"].get(frozen, 0.0),
-                                                             views, sizes), 1)})  # fmt: skip
+                                                             views, sizes, calibration.zero_shot), 1)})  # fmt: skip
     fitting = [r for r in rows if r["sweep_minutes"] <= calibration.sweep_budget_minutes]
     best = max(fitting, key=lambda r: r["mean_map@r"]) if fitting else None
     return {"candidates": sorted(rows, key=lambda r: -r["mean_map@r"]), "sizes": sizes,
@@ -397,7 +401,7 @@ def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, in
 
 def markdown(record: dict[str, Any], calibration: Calibration) -> str:
     """The record as a table: every candidate, each method's validation MAP@R (%), seconds."""
-    methods = [ZERO_SHOT, *calibration.methods]
+    methods = [calibration.zero_shot, *calibration.methods]
     choice = record["choice"]
     summary = {r["candidate"]: r for r in choice["candidates"]}
     head = ["candidate", *methods, "mean (ref.)", "vs zero-shot", "s/run", "est. sweep min"]

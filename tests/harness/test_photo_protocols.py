@@ -157,7 +157,8 @@ def test_a_cache_larger_than_the_machine_is_refused_before_the_trunk_runs(tmp_pa
 def calibration_file(tmp_path: Path, protocol_file: Path, name: str = "calibration",
                      **changes) -> Path:  # fmt: skip
     spec = {"protocol": str(protocol_file), "validation_fraction": 0.4, "seed": 0,
-            "methods": ["contrastive", "multi_similarity"], "sweep_budget_minutes": 90,
+            "methods": ["contrastive", "multi_similarity"], "zero_shot": "untrained",
+            "sweep_budget_minutes": 90,
             "grid": {"budget.steps": [1, 3], "optimizer.lr": [0.001]}, **changes}  # fmt: skip
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -238,8 +239,8 @@ def test_calibration_reads_only_validation_classes_and_chooses_the_best_within_b
 
 
 def test_the_choice_is_the_best_mean_among_candidates_whose_sweep_fits():
-    spec = cal.Calibration("c", "p", 0.3, 0, ["a", "b"],
-                           {"budget.epochs": [10, 30, 100]}, sweep_budget_minutes=60)  # fmt: skip
+    spec = cal.Calibration("c", "p", 0.3, 0, ["a", "b"], {"budget.epochs": [10, 30, 100]},
+                           sweep_budget_minutes=60, zero_shot="untrained")  # fmt: skip
     runs = {"budget.epochs=10": {"untrained": {"map@r": 0.30, "seconds": 0},
                                  "a": {"map@r": 0.30, "seconds": 1}, "b": {"map@r": 0.34, "seconds": 1}},
             "budget.epochs=30": {"untrained": {"map@r": 0.30, "seconds": 0},
@@ -262,7 +263,8 @@ def test_the_choice_is_the_best_mean_among_candidates_whose_sweep_fits():
 
 def test_a_candidate_is_projected_from_a_finished_one_on_the_same_trunk():
     spec = cal.Calibration("c", "p", 0.3, 0, ["a"],
-                           {"features.frozen_stages": [8, 7], "budget.epochs": [10, 30]}, 90)  # fmt: skip
+                           {"features.frozen_stages": [8, 7], "budget.epochs": [10, 30]}, 90,
+                           zero_shot="untrained")  # fmt: skip
     done = {"untrained": {"map@r": 0.3, "seconds": 0}, "a": {"map@r": 0.4, "seconds": 12}}
     record = {"runs": {"features.frozen_stages=7, budget.epochs=10": done},
               "caches": {"features.frozen_stages=7": 60.0}}  # fmt: skip
