@@ -20,6 +20,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from harness.core.devices import host_memory_free
+
 if TYPE_CHECKING:
     import torch
 
@@ -35,16 +37,6 @@ def _status_kb(field: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _cgroup_free() -> int | None:
-    """Bytes left under this container's cgroup (v2) memory limit; None without one."""
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return None if limit == "max" else max(0, int(limit) - used)
-
-
 def available_bytes(device: torch.device) -> int | None:
     """Memory free for one call on `device` (see the module docstring); None if unknown."""
     import torch
@@ -52,14 +44,7 @@ def available_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":  # the driver's free memory, and what torch's cache holds unused
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(torch.cuda.mem_get_info(device)[0]) + cached
-    try:
-        found = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(),
-                          flags=re.M)  # fmt: skip
-    except OSError:
-        found = None
-    free = [int(found.group(1)) * 1024] if found else []
-    free += [b for b in [_cgroup_free()] if b is not None]
-    return min(free) if free else None
+    return host_memory_free()
 
 
 class PeakMemory:

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from harness.backbones import build_backbone, trunk_outputs, weights_sha256
 from harness.core import HarnessError, Protocol, RunContext, autocast, default_cache_dir
+from harness.core.devices import host_memory_free
 from harness.data import LabelledImages, Split, TrainPipeline, for_test
 from harness.data.cached import CachedViews
 from harness.records import machine_fingerprint
@@ -135,14 +136,10 @@ def _save(path: Path, key: dict[str, Any], views: CachedViews) -> None:
 
 
 def available_memory() -> int:
-    """Bytes of memory this machine can still give (MemAvailable; all of it elsewhere)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Bytes of memory this machine can still give (MemAvailable under the cgroup's limit;
+    all of it where that cannot be read)."""
+    free = host_memory_free()
+    return free if free is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_room(rows: int, values: int, path: Path) -> None:
