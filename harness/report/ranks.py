@@ -306,15 +306,24 @@ def cd_drawing(test: RankTest) -> Figure:
 
 def neighbour_taus(blocks: list[Block]) -> list[tuple[str, str, float, float, int]]:
     """Kendall's tau-b (and its p-value) between each block and the next, over the methods
-    both ran: (first, second, tau, p, methods)."""
+    both ran: (first, second, tau, p, methods); tau and p are NaN where the two share fewer
+    than MIN_METHODS methods (no tau is worth stating over two)."""
     from scipy.stats import kendalltau
 
     out = []
     for a, b in zip(blocks, blocks[1:], strict=False):
         shared = sorted(set(a.means) & set(b.means))
-        tau, p = kendalltau([a.means[m] for m in shared], [b.means[m] for m in shared])
+        tau, p = float("nan"), float("nan")
+        if len(shared) >= MIN_METHODS:
+            tau, p = kendalltau([a.means[m] for m in shared], [b.means[m] for m in shared])
         out.append((a.name, b.name, float(tau), float(p), len(shared)))
     return out
+
+
+def _tau_text(a: str, b: str, tau: float, p: float, n: int) -> str:
+    if tau != tau:  # NaN: too few methods shared
+        return f"{a} → {b}: too few methods shared for a tau ({n})"
+    return f"{a} → {b}: tau {tau:+.2f} (p = {p:.2g}, {n} methods)"
 
 
 def block_ranks(blocks: list[Block]) -> dict[str, dict[str, float]]:
@@ -331,8 +340,7 @@ def block_ranks(blocks: list[Block]) -> dict[str, dict[str, float]]:
 
 def bump_caption(blocks: list[Block]) -> str:
     """Which protocols the bump chart joins, and Kendall's tau between neighbours."""
-    taus = "; ".join(f"{a} → {b}: tau {tau:+.2f} (p = {p:.2g}, {n} methods)"
-                     for a, b, tau, p, n in neighbour_taus(blocks))  # fmt: skip
+    taus = "; ".join(_tau_text(*t) for t in neighbour_taus(blocks))
     return (f"Each method's rank (1 = best, by the protocol's main metric) through "
             f"{len(blocks)} protocols, oldest first; colour by family. Kendall's tau between "
             f"neighbours: {taus}.")  # fmt: skip
@@ -370,7 +378,7 @@ def bump_drawing(blocks: list[Block]) -> Figure:
             ax.text(n - 1 + 0.08, last[name], f"{ys[-1]:g} {name}", ha="left", va="center",
                     fontsize=8, color=colours[name])  # fmt: skip
     for i, (_, _, tau, _, _) in enumerate(neighbour_taus(blocks)):
-        ax.text(i + 0.5, 0.1, f"tau {tau:+.2f}", ha="center", va="bottom", fontsize=8.5,
+        ax.text(i + 0.5, 0.1, f"tau {tau:+.2f}" if tau == tau else "too few shared", ha="center", va="bottom", fontsize=8.5,
                 color="0.3")  # fmt: skip
     ax.set_xticks(range(n), [b.name for b in blocks], fontsize=9)
     ax.xaxis.set_ticks_position("top")

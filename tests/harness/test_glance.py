@@ -26,6 +26,7 @@ from harness.report.ranks import (
     Block,
     average_ranks,
     blocks_to_resolve,
+    bump_caption,
     bump_drawing,
     caption,
     cd_drawing,
@@ -186,6 +187,21 @@ def test_the_tuned_forest_and_dumbbell_draw_the_tuned_table(committed):
         lo, hi = map(float, interval.groups())  # the paired interval excludes 0 iff p < 5 %
         assert d.moved == ("up" if lo > 0 else "down" if hi < 0 else "noise"), (name, moved)
     assert sum(d.moved == "up" for d in lines.values()) == 13  # the tuned section's count
+
+
+def test_protocols_sharing_too_few_methods_get_no_tau_and_no_scipy_warning():
+    import warnings
+
+    a = Block("a", "map@r", {"x": 0.1, "y": 0.2, "z": 0.3}, "1")
+    b = Block("b", "map@r", {"x": 0.1, "w": 0.2}, "2")  # one method shared
+    c = Block("c", "map@r", {"x": 0.3, "y": 0.2, "z": 0.1}, "3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's SmallSampleWarning would raise here
+        (_, _, tau, p, n), _ = neighbour_taus([a, b, c])
+        assert math.isnan(tau) and math.isnan(p) and n == 1
+        assert neighbour_taus([a, c])[0][2] == pytest.approx(-1.0)  # reversed order
+        caption = bump_caption([a, b])
+    assert "a → b: too few methods shared for a tau (1)" in caption
 
 
 def test_the_committed_blocks_and_taus_are_the_agreement_tables(committed):
