@@ -280,7 +280,7 @@ def test_a_candidate_is_projected_from_a_finished_one_on_the_same_trunk():
 
 
 @pytest.mark.parametrize("name, calibration", [("cars", "cars"), ("groceries", "groceries"),
-                                               ("photos", "cars")])  # fmt: skip
+                                               ("birds", "birds"), ("photos", "cars")])  # fmt: skip
 def test_each_committed_protocol_holds_its_calibrations_choice(name, calibration):
     record = json.loads(
         (REPO / "results/reference/calibration" / f"{calibration}.json").read_text()
@@ -294,6 +294,7 @@ def test_each_committed_protocol_holds_its_calibrations_choice(name, calibration
             node = node[part]
         assert node == value, f"{name}: {dotted} is {node}, the calibration chose {value}"
     assert record["calibration"]["protocol"] == calibration
+    assert record["protocol_version"] == load_protocol(calibration).version
     # the committed record is the committed calibration file's
     assert record["calibration"] == json.loads(
         json.dumps(cal.load_calibration(calibration).__dict__)
