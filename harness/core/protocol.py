@@ -191,8 +191,13 @@ class EvaluationSpec:
     # The k-means behind nmi and f1 (harness.evaluate.metrics.clustering.kmeans): "harness" (k-means++
     # start, up to 100 iterations) or "faiss" (the published tables' faiss k-means).
     clustering: str = "harness"
+    # The region of practical equivalence of the Bayesian comparisons (harness.report.bayes),
+    # in points of the main metric (percentage points for a fraction such as MAP@R): two
+    # methods closer than this are practically the same.
+    rope: float = 1.0
 
     def __post_init__(self) -> None:
+        _check(self.rope > 0, f"rope must be > 0 points of the main metric, got {self.rope!r}")
         _check(
             is_single_metric(self.select_by),
             f"select_by must be recall@<k> (e.g. recall@1) or one of {', '.join(SINGLE_METRICS)}, "
@@ -304,7 +309,7 @@ class Protocol:
             data.pop("augmentation")
         else:
             data["augmentation"] = self.augmentation.content()
-        for key, default in (("select_by", "map@r"), ("clustering", "harness")):
+        for key, default in (("select_by", "map@r"), ("clustering", "harness"), ("rope", 1.0)):
             if data["evaluation"][key] == default:
                 data["evaluation"].pop(key)
         return data

@@ -3,6 +3,8 @@ the markdown leaderboard (results/figures/) and the HTML report's front page (as
 
 - Which method is best over every protocol, and can it be told: the critical-difference
   diagram (harness.report.ranks).
+- Which methods are practically equivalent to the best: stacked bars of P(worse), P(≈) and
+  P(better) against it (harness.report.equivalence).
 - Does the ranking hold from one protocol to the next: the bump chart of ranks.
 - On one protocol, which methods the seeds cannot tell from the best: its forest plot, and
   for a protocol with `+tuned` runs, tuned against paper defaults as a dumbbell plot
@@ -21,6 +23,10 @@ from typing import Any
 from harness.core import load_methods
 from harness.records import RunResult
 from harness.report.agreement import protocol_groups
+from harness.report.equivalence import Across, across
+from harness.report.equivalence import caption as equivalence_caption
+from harness.report.equivalence import figure as equivalence_figure
+from harness.report.equivalence import stem as equivalence_stem
 from harness.report.forest import (
     Forest,
     dumbbell_figure,
@@ -114,6 +120,7 @@ def draw_glance(runs: list[RunResult], folder: Path) -> list[Glance]:
     if test is not None:
         out.append(Glance(CD_DIAGRAM, "critical-difference diagram of the average ranks",
                           caption(test), cd_figure(test, folder / f"{CD_DIAGRAM}.png")))  # fmt: skip
+    out += _equivalence_figure(across(blocks), folder)
     if len(blocks) >= 2:
         out.append(Glance(BUMP_CHART, "bump chart of each method's rank per protocol",
                           bump_caption(blocks), bump_figure(blocks, folder / f"{BUMP_CHART}.png")))  # fmt: skip
@@ -137,6 +144,7 @@ def _setting_figures(blocks: list[Block], folder: Path) -> list[Glance]:
             out.append(Glance(f"{CD_DIAGRAM}_{stem}", f"critical-difference diagram, {setting}",
                               f"{setting.capitalize()}: {caption(test)}",
                               cd_figure(test, folder / f"{CD_DIAGRAM}_{stem}.png")))  # fmt: skip
+        out += _equivalence_figure(across(group, setting), folder)
         if len(group) >= 2:
             out.append(Glance(f"{BUMP_CHART}_{stem}", f"bump chart of ranks, {setting}",
                               f"{setting.capitalize()}: {bump_caption(group)}",
@@ -146,6 +154,16 @@ def _setting_figures(blocks: list[Block], folder: Path) -> list[Glance]:
         last = out[-1]
         out[-1] = Glance(last.name, last.title, f"{last.caption} {agreement}", last.png)
     return out
+
+
+def _equivalence_figure(a: Across | None, folder: Path) -> list[Glance]:
+    """The stacked bars of P(worse), P(≈), P(better) against the reference (none without a
+    comparison)."""
+    if a is None:
+        return []
+    name = equivalence_stem(a)
+    return [Glance(name, f"practical equivalence to {a.reference}, {a.label}",
+                   equivalence_caption(a), equivalence_figure(a, folder / f"{name}.png"))]  # fmt: skip
 
 
 def glance_section(runs: list[RunResult], results_dir: Path) -> str:

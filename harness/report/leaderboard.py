@@ -36,8 +36,11 @@ from harness.records import (
 from harness.report.agreement import agreement_section, protocol_groups
 from harness.report.claims import claims_across_section, claims_section
 from harness.report.cost_tables import cost_section
+from harness.report.equivalence import section as equivalence_section
+from harness.report.equivalence import within
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.glance import glance_section
+from harness.report.ranks import protocol_blocks
 from harness.report.reference import reference_section
 from harness.report.trunk import trunk_lines
 from harness.report.tuned import tuned_section
@@ -139,13 +142,14 @@ def leaderboard_frame(
            for method, group in df.groupby("method", sort=False)]  # fmt: skip
     if not parts and main in metrics:
         _mark_against_best(out, runs, main)
+        _mark_equivalence(out, runs, main)
         _mark_against_zero_shot(out, runs, main)
     if ranked:  # complete rows first, each part best first (stable: ties keep their order)
         out.sort(key=lambda line: (not line["_complete"], -_finite(line["_sort"])))
     table = pd.DataFrame(out).drop(columns=["_sort", "_complete"])
     if parts:  # the bootstrap was made for the whole embedding, not for each part
         table = table.drop(columns=[c for c in table.columns if c.startswith("test-set")])
-    first = ["method", "seeds", *[c for c in table.columns if c.startswith("vs ")]]
+    first = ["method", "seeds", *_verdict_columns(list(table.columns))]
     if metrics:
         main_col = next(c for c in table.columns if c.startswith(metrics[0]))
         first += [main_col, *[c for c in table.columns if c.startswith("test-set")]]
@@ -155,6 +159,17 @@ def leaderboard_frame(
     if _same_column(table, "precision@1 (%)", "recall@1 (%)"):  # all-vs-all: always equal
         table = table.drop(columns="precision@1 (%)")
     return table
+
+
+def _verdict_columns(columns: list[str]) -> list[str]:
+    """The `vs` columns, each followed by its `P(worse · ≈ · better)` column against the same
+    row, then any `P(` column with no `vs` twin (against the untrained row)."""
+    probs = [c for c in columns if c.startswith("P(")]
+    out = []
+    for c in (c for c in columns if c.startswith("vs ")):
+        label = c.removeprefix("vs ").split(" (")[0]
+        out += [c, *[p for p in probs if f" vs {label}," in p]]
+    return out + [p for p in probs if p not in out]
 
 
 def _same_column(table: pd.DataFrame, column: str, twin: str) -> bool:
@@ -200,6 +215,17 @@ def _mark_against_best(lines: list[dict[str, Any]], runs: list[RunResult], main:
     _, marks = against_best(values)
     for line in lines:
         line[f"vs best ({main})"] = marks.get(line["method"], "incomplete: untested")
+
+
+def _mark_equivalence(lines: list[dict[str, Any]], runs: list[RunResult], main: str) -> None:
+    """Add the `P(worse · ≈ · better)` columns (harness.report.equivalence.within): against
+    the best, and against the zero-shot or untrained row, at the protocol's ROPE."""
+    complete = {line["method"] for line in lines if line["_complete"]}
+    values = {n: v for n, v in per_seed(runs, main).items() if n in complete}
+    best, _ = against_best(values)
+    for column, cells in within(values, best, runs).items():
+        for line in lines:
+            line[column] = cells.get(line["method"], "incomplete: untested")
 
 
 def _mark_against_zero_shot(lines: list[dict[str, Any]], runs: list[RunResult], main: str) -> None:
@@ -370,7 +396,12 @@ def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
         "Benjamini-Hochberg (at most 5 % of the `below` marks are expected to be false); `≈ best` "
         "means not significantly different at 5 %: the seeds cannot tell the row from the best, "
         "which is not the same as equal (with 3 seeds the paired test has 2 degrees of freedom, "
-        "so only consistent gaps are resolved; more seeds sharpen it). `test-set ±` is the "
+        "so only consistent gaps are resolved; more seeds sharpen it). `P(worse · ≈ · better) "
+        "vs best, ±1` tells those apart: the posterior probabilities that the row is worse "
+        "than the best by more than the protocol's region of practical equivalence "
+        "(`evaluation.rope`, in points), within it, or better, by the Bayesian correlated "
+        "t-test over the seeds both ran (docs/verdicts.md); a probability of 0.95 or more "
+        "is a verdict, anything less is undecided. `test-set ±` is the "
         "half-width of the 95 % "
         "percentile bootstrap interval over test queries (1,000 seeded resamples), averaged "
         "over seeds: how much the test set alone moves the number (`-`: a result made before "
@@ -502,7 +533,7 @@ def write_leaderboard(results_dir: Path) -> Path:
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
     text = (head + glance_section(runs, Path(results_dir))
             + claims_across_section(protocol_groups(runs)) + sep + tables
-            + agreement_section(runs) + reference_section(Path(results_dir), runs)
+            + agreement_section(runs) + equivalence_section(protocol_blocks(runs)) + reference_section(Path(results_dir), runs)
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip
     write_text_atomic(path, text)  # a unique temporary file: two writers never share one

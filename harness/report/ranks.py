@@ -30,9 +30,10 @@ import pandas as pd
 
 from harness.core import family_of as _registered_family
 from harness.records import RunResult
+from harness.report.bayes import DEFAULT_ROPE, protocol_rope
 from harness.report.figures import _figure, _save
 from harness.report.tuned import _mean, tuned_values
-from harness.report.verdicts import main_metric
+from harness.report.verdicts import main_metric, per_seed
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -54,6 +55,8 @@ class Block:
     means: dict[str, float]
     started: str
     setting: str = ""  # SETTINGS: from scratch, or pretrained on real photos
+    rope: float = DEFAULT_ROPE  # the protocol's evaluation.rope (harness.report.bayes)
+    seeds: int = 0  # the most finished seeds behind one of its means
 
 
 # the two settings a protocol belongs to, by its backbone's starting weights
@@ -64,7 +67,7 @@ SETTING_STEMS = {PRETRAINED: "pretrained", SCRATCH: "scratch"}  # their figures'
 def protocol_blocks(runs: list[RunResult]) -> list[Block]:
     """Every full-budget protocol (runs of several versions: one block per version, named as
     the agreement table names them) with its rows' means, oldest protocol first."""
-    from harness.report.agreement import _means, protocol_groups
+    from harness.report.agreement import protocol_groups
     from harness.report.verdicts import pretrained
 
     blocks = []
@@ -72,13 +75,16 @@ def protocol_blocks(runs: list[RunResult]) -> list[Block]:
         started = min(r.started_at or r.finished_at or "" for r in group)
         if any(r.tuning for r in group):
             metric = main_metric(group)
-            _, tuned, _ = tuned_values(group, metric)
-            means = {row: _mean(v) for row, v in tuned.items() if v}
+            _, values, _ = tuned_values(group, metric)
             name += TUNED_BLOCK
-        else:
-            metric, means = _means(group)  # as the agreement table ranks them
+        else:  # as the agreement table ranks them
+            metric = main_metric(group)
+            values = per_seed(group, metric)
+        means = {row: _mean(v) for row, v in values.items() if v}
         setting = PRETRAINED if pretrained(group) else SCRATCH
-        blocks.append(Block(name, metric, means, started, setting))
+        rope = protocol_rope(group[0].protocol.content)
+        seeds = max((len(v) for v in values.values()), default=0)
+        blocks.append(Block(name, metric, means, started, setting, rope, seeds))
     return sorted(blocks, key=lambda b: (b.started, b.name))
 
 

@@ -17,6 +17,8 @@ import pytest
 from harness.core import load_methods
 from harness.records import load_results
 from harness.report.agreement import agreement_rows, protocol_groups
+from harness.report.equivalence import across
+from harness.report.equivalence import drawing as equivalence_drawing
 from harness.report.forest import dumbbell_drawing, dumbbells, forest, forest_drawing
 from harness.report.glance import draw_glance, glance_section
 from harness.report.leaderboard import leaderboard_frame
@@ -121,8 +123,9 @@ def test_each_setting_gets_its_own_diagram_and_bump_chart_and_one_agreement_line
     blocks += [Block(f"p{i}", "map@r", dict(reverse), f"2026-01-0{i + 2}", PRETRAINED)
                for i in (1, 2, 3)]  # fmt: skip
     figures = _setting_figures(blocks, tmp_path)
-    assert [g.name for g in figures] == ["cd_diagram_pretrained", "ranks_bump_pretrained",
-                                         "cd_diagram_scratch", "ranks_bump_scratch"]  # fmt: skip
+    assert [g.name for g in figures] == [
+        "cd_diagram_pretrained", "equivalence_pretrained", "ranks_bump_pretrained",
+        "cd_diagram_scratch", "equivalence_scratch", "ranks_bump_scratch"]  # fmt: skip
     assert all(g.png.is_file() for g in figures)
     assert figures[0].caption.startswith("Pretrained on real photos: Average rank of 4 methods "
                                          "over 3 protocols (p1, p2, p3")  # fmt: skip
@@ -257,6 +260,12 @@ def test_every_figure_is_legible_at_29_methods(committed, tmp_path):
     figures = {"cd_diagram": (cd_drawing(test), sorted(test.ranks.index)),
                "cd_diagram_pretrained": (cd_drawing(photos), sorted(photos.ranks.index)),
                "ranks_bump": (bump_drawing(blocks), names)}  # fmt: skip
+    for key, group in (
+        ("equivalence", blocks),
+        ("equivalence_pretrained", [b for b in blocks if b.setting == PRETRAINED]),
+    ):
+        a = across(group)
+        figures[key] = (equivalence_drawing(a), a.order())
     for protocol in ("birds", "default", "cars"):
         f = forest(committed[protocol], protocol)
         figures[f"forest_{protocol}"] = (forest_drawing(f), [r.name for r in f.rows])
@@ -283,8 +292,10 @@ def test_the_leaderboard_section_links_every_figure(committed, tmp_path):
                           "forest_default.png", "forest_omniglot.png", "forest_tuning.png",
                           "dumbbell_tuning.png", "forest_cars.png", "forest_groceries.png",
                           "cd_diagram_pretrained.png", "ranks_bump_pretrained.png",
-                          "cd_diagram_scratch.png", "ranks_bump_scratch.png"}  # fmt: skip
-    assert section.index("cd_diagram.png") < section.index("ranks_bump.png")
+                          "cd_diagram_scratch.png", "ranks_bump_scratch.png", "equivalence.png",
+                          "equivalence_pretrained.png", "equivalence_scratch.png"}  # fmt: skip
+    assert section.index("cd_diagram.png") < section.index("equivalence.png")
+    assert section.index("equivalence.png") < section.index("ranks_bump.png")
     assert section.index("cd_diagram_pretrained.png") < section.index("cd_diagram_scratch.png")
     assert "How the two settings agree: Kendall's tau between the average ranks" in section
     assert "Nemenyi" in section and "Kendall's tau between neighbours" in section

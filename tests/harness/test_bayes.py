@@ -1,0 +1,209 @@
+"""The Bayesian comparisons with a ROPE (harness.report.bayes, equivalence): the correlated
+t-test and the signed-rank test against cases worked by hand and against baycomp's own code,
+the verdicts of identical and shifted methods, the ROPE as a protocol setting, and the
+tables, figure and README quoting one computation of the committed results."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.core import HarnessError, load_methods, load_protocol
+from harness.records import load_results
+from harness.report.agreement import protocol_groups
+from harness.report.bayes import (
+    DECISIVE,
+    ROPES,
+    Probs,
+    seed_probs,
+    signed_rank_probs,
+    signed_rank_samples,
+)
+from harness.report.equivalence import (
+    across,
+    caption,
+    drawing,
+    readme_sentence,
+    section,
+    within,
+    within_column,
+)
+from harness.report.leaderboard import leaderboard_frame
+from harness.report.ranks import PRETRAINED, Block, protocol_blocks
+from harness.report.verdicts import against_best, per_seed
+
+REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
+
+
+def _t2_cdf(t: float) -> float:
+    """Student's t CDF with 2 degrees of freedom, in closed form: 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 0.5 + t / (2 * math.sqrt(2 + t * t))
+
+
+def test_the_correlated_t_test_on_three_seeds_worked_by_hand():
+    """Differences 1, 2, 3 points, ROPE 1: mean 2, s = 1, posterior t with 2 degrees of
+    freedom and scale 1/sqrt(3). P(worse) = F(-3 sqrt 3) = 0.0176, P(better) = 1 - F(-sqrt 3)
+    = 0.8873, P(≈) the rest = 0.0951."""
+    p = seed_probs({0: 3.0, 1: 4.0, 2: 5.0}, {0: 2.0, 1: 2.0, 2: 2.0}, rope=1.0)
+    worse, better = _t2_cdf(-3 * math.sqrt(3)), 1 - _t2_cdf(-math.sqrt(3))
+    assert p.n == 3
+    assert p.worse == pytest.approx(worse, abs=1e-12) and worse == pytest.approx(0.0176, abs=1e-4)
+    assert p.better == pytest.approx(better, abs=1e-12) and better == pytest.approx(
+        0.8873, abs=1e-4
+    )
+    assert p.equivalent == pytest.approx(1 - worse - better, abs=1e-12)
+
+
+def test_the_correlated_t_test_pairs_by_seed_and_needs_two():
+    a, b = {0: 50.0, 1: 60.0, 2: 70.0}, {0: 49.0, 1: 59.0, 2: 69.0, 7: 0.0}
+    p = seed_probs(a, b, rope=2.0)  # the same +1 on every shared seed: within ±2, surely
+    assert (p.worse, p.equivalent, p.better, p.n) == (0.0, 1.0, 0.0, 3)
+    assert seed_probs({0: 1.0}, {0: 2.0, 1: 3.0}, 1.0) is None
+
+
+def test_the_signed_rank_test_on_one_data_set_worked_by_hand():
+    """One data set, y better by 5 with ROPE 1. With the prior's pseudo-observation at 0
+    (weight 0.5) the posterior weights are Dirichlet(0.5, 1): w0 ~ Beta(0.5, 1), P(w0 < u) =
+    sqrt(u). The pair sums 0 (w0^2, within), 5 and 10 (the rest, above): within is the most
+    probable where w0^2 > 1/2, with probability 1 - 2^(-1/4) = 0.1591; better 0.8409."""
+    p = signed_rank_probs([0.0], [5.0], rope=1.0)
+    assert p.worse == 0.0
+    assert p.equivalent == pytest.approx(1 - 2**-0.25, abs=0.006)  # 50,000 samples: se 0.0016
+    assert p.better == pytest.approx(2**-0.25, abs=0.006)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_signed_rank_samples_are_baycomps(seed):
+    """The vectorised samples are baycomp's SignedRankTest.sample, draw for draw."""
+    from baycomp import SignedRankTest
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(50, 5, 6)
+    y = x + rng.normal(0.5, 1.5, 6)
+    y[2] = x[2] + 2.0  # a sum exactly at 2 * ROPE: baycomp's half-weight tie
+    ours = signed_rank_samples(x, y, 1.0, nsamples=3000, seed=seed)
+    theirs = SignedRankTest.sample(x, y, 1.0, nsamples=3000, random_state=seed)
+    np.testing.assert_allclose(ours, theirs, atol=1e-12)
+    expected = SignedRankTest.probs(x, y, 1.0, random_state=0)
+    assert signed_rank_probs(x, y, 1.0) == Probs(*map(float, expected), n=6)
+
+
+def test_identical_methods_are_equivalent_and_a_five_point_shift_is_better():
+    seeds = {0: 41.0, 1: 43.5, 2: 42.2, 3: 40.9, 4: 42.8}
+    same = seed_probs(seeds, dict(seeds), 1.0)
+    assert same.equivalent == 1.0 and same.verdict() == "equivalent"
+    shifted = seed_probs({s: v + 5 for s, v in seeds.items()}, seeds, 1.0)
+    assert shifted.better > 0.999 and shifted.verdict() == "better"
+    means = [38.0, 61.0, 13.0, 45.0, 27.0, 52.0]
+    assert signed_rank_probs(means, means, 1.0).equivalent > DECISIVE
+    assert signed_rank_probs(means, [m + 5 for m in means], 1.0).better > 0.97
+    assert signed_rank_probs([m + 5 for m in means], means, 1.0).worse > 0.97
+
+
+def test_a_wider_rope_turns_a_small_gap_into_equivalence():
+    means = [38.0, 61.0, 13.0, 45.0, 27.0, 52.0]
+    y = [m - 0.8 for m in means]
+    assert signed_rank_probs(means, y, 0.5).verdict() == "worse"
+    assert signed_rank_probs(means, y, 1.0).verdict() == "equivalent"
+
+
+def _blocks(ropes: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)) -> list[Block]:
+    """A leads B by 0.8 points on four protocols, C trails by 10: B is equivalent at ROPE 1
+    and 2 but not at 0.5 (fragile); C is worse at every ROPE."""
+    base = (0.40, 0.55, 0.20, 0.33)
+    return [Block(f"p{i}", "map@r", {"A": v, "B": v - 0.008, "C": v - 0.10}, str(i), rope=r,
+                  seeds=3) for i, (v, r) in enumerate(zip(base, ropes, strict=True))]  # fmt: skip
+
+
+def test_across_protocols_names_the_reference_the_equivalent_and_the_fragile():
+    a = across(_blocks())
+    assert a.reference == "A" and a.rope == 1.0 and a.blocks == ["p0", "p1", "p2", "p3"]
+    assert sorted(a.sensitivity) == sorted(ROPES)
+    assert a.probs == a.sensitivity[1.0]
+    assert a.probs["B"].verdict() == "equivalent" and a.equivalent() == ["B"]
+    assert a.sensitivity[0.5]["B"].verdict() == "undecided" and a.fragile("B")
+    assert {a.sensitivity[r]["C"].verdict() for r in ROPES} == {"worse"} and not a.fragile("C")
+    assert a.order() == ["B", "C"]
+    assert "ROPE ±1 points" in caption(a) and "4 protocols" in caption(a)
+    assert "3 seeds each" in caption(a) and "with P ≥ 0.95: B." in caption(a)
+    text = section(_blocks())
+    assert "| B " in text and "fragile" in text and "Reference: A." in text
+
+
+def test_the_protocols_rope_is_used_when_they_share_one():
+    assert across(_blocks((2.0,) * 4)).rope == 2.0
+    assert across(_blocks((2.0, 2.0, 1.0, 1.0))).rope == 1.0  # they differ: the default
+    assert across(_blocks()[:1]) is None  # one protocol: nothing to compare across
+
+
+def test_the_drawing_is_the_same_bytes_twice():
+    import hashlib
+    import io
+
+    def png() -> str:
+        buffer = io.BytesIO()
+        drawing(across(_blocks())).savefig(buffer, format="png", dpi=50)
+        return hashlib.sha256(buffer.getvalue()).hexdigest()
+
+    assert png() == png()
+
+
+def test_the_rope_is_a_protocol_setting_in_the_hash_when_set(tmp_path):
+    source = (REFERENCE.parents[1] / "protocols" / "default.yaml").read_text(encoding="utf-8")
+    default = load_protocol("default")
+    assert default.evaluation.rope == 1.0
+
+    def with_rope(value: str) -> Path:
+        path = tmp_path / f"rope_{value}.yaml"
+        path.write_text(re.sub(r"(?m)^evaluation:\n", f"evaluation:\n  rope: {value}\n", source,
+                               count=1), encoding="utf-8")  # fmt: skip
+        return path
+
+    assert load_protocol(str(with_rope("1.0"))).hash == default.hash  # the default: unchanged
+    two = load_protocol(str(with_rope("2")))
+    assert two.evaluation.rope == 2.0 and two.hash != default.hash
+    with pytest.raises(HarnessError, match="rope must be > 0"):
+        load_protocol(str(with_rope("0")))
+
+
+# ------------------------------------------------------------- the committed results
+
+
+@pytest.fixture(scope="module")
+def committed():
+    load_methods()
+    return load_results(REFERENCE)
+
+
+def test_the_tables_quote_the_within_protocol_computation(committed):
+    groups = protocol_groups(committed, tuned=True)
+    for name in ("cars", "default"):
+        runs = groups[name]
+        table = leaderboard_frame(runs).set_index("method")
+        values = {n: v for n, v in per_seed(runs, "map@r").items()
+                  if "incomplete" not in str(table.loc[n if n in table.index
+                                                       else f"{n} (zero-shot)", "seeds"])}  # fmt: skip
+        best, _ = against_best(values)
+        cells = within(values, best, runs)
+        assert within_column("best", 1.0) in cells and len(cells) == 2
+        for column, rows in cells.items():
+            for row, cell in rows.items():
+                shown = row if row in table.index else f"{row} (zero-shot)"
+                assert table.loc[shown, column] == cell
+        leaderboard = (REFERENCE / "LEADERBOARD.md").read_text(encoding="utf-8")
+        assert within_column("best", 1.0) in leaderboard
+
+
+def test_the_leaderboard_figure_and_readme_quote_one_computation(committed):
+    blocks = protocol_blocks(committed)
+    leaderboard = (REFERENCE / "LEADERBOARD.md").read_text(encoding="utf-8")
+    assert section(blocks) in leaderboard
+    pretrained = across([b for b in blocks if b.setting == PRETRAINED], PRETRAINED)
+    assert caption(pretrained) in leaderboard  # the figure's caption, under the figure
+    assert (REFERENCE / "figures" / "equivalence_pretrained.png").is_file()
+    readme = " ".join((REFERENCE.parents[1] / "README.md").read_text(encoding="utf-8").split())
+    assert readme_sentence(pretrained) in readme
