@@ -175,13 +175,16 @@ def two_protocols(tmp_path_factory) -> Path:
 
 
 def test_the_front_page_opens_with_the_figures_at_a_glance(two_protocols):
-    """First the critical-difference diagram, then the bump chart, then each protocol's
-    forest plot linking to its table; the tables' definitions behind a fold."""
+    """First the critical-difference diagram, beside it the stacked bars of practical
+    equivalence, then the bump chart, then each protocol's forest plot linking to its table;
+    the tables' definitions behind a fold."""
     text = two_protocols.read_text(encoding="utf-8")
     images = re.findall(r'<img src="([^"]+)"', text)
-    assert images[:4] == ["assets/glance/cd_diagram.png", "assets/glance/ranks_bump.png",
-                          "assets/glance/forest_default.png", "assets/glance/forest_omniglot.png"]  # fmt: skip
-    for png in images[:4]:
+    assert images[:5] == ["assets/glance/cd_diagram.png", "assets/glance/equivalence.png",
+                          "assets/glance/ranks_bump.png", "assets/glance/forest_default.png",
+                          "assets/glance/forest_omniglot.png"]  # fmt: skip
+    assert "Bayesian signed-rank test" in text and "ROPE ±1 points" in text
+    for png in images[:5]:
         assert (two_protocols.parent / png).is_file()
     for protocol in ("default", "omniglot"):
         link = re.search(rf'<figure id="figure-forest_{protocol}"><a href="#([^"]+)">', text)
@@ -444,9 +447,10 @@ def test_the_figures_at_a_glance_load_in_a_browser(two_protocols, browser, tmp_p
         "return Array.from(document.querySelectorAll('#glance img'))"
         ".map(i => [i.getAttribute('src'), i.naturalWidth])"
     )
-    assert [src for src, _ in widths][:2] == ["assets/glance/cd_diagram.png",
+    assert [src for src, _ in widths][:3] == ["assets/glance/cd_diagram.png",
+                                              "assets/glance/equivalence.png",
                                               "assets/glance/ranks_bump.png"]  # fmt: skip
-    assert len(widths) == 4 and all(width > 0 for _, width in widths), widths
+    assert len(widths) == 5 and all(width > 0 for _, width in widths), widths
     _screenshot(browser, tmp_path / "glance-index.png")
 
 

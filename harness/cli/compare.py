@@ -36,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
 
     from harness.report import describe, per_seed
+    from harness.report.bayes import seed_probs
 
     protocol = load_protocol(args.protocol)
     metric = args.metric or protocol.evaluation.select_by
@@ -78,6 +79,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"  {name}: {mean * scale:.2f}{spread} ({len(v)} seed{'s' * (len(v) != 1)}: "
               f"{', '.join(map(str, sorted(v)))})")  # fmt: skip
     print(f"  {args.a} − {args.b}: {describe(compare(a, b), scale)}")
+    rope = protocol.evaluation.rope
+    probs = seed_probs({s: scale * v for s, v in a.items()}, {s: scale * v for s, v in b.items()},
+                       rope)  # fmt: skip
+    if probs is not None:
+        print(f"  P({args.a} worse · ≈ · better than {args.b}, ROPE ±{rope:g}): {probs.cell()} "
+              f"(Bayesian correlated t-test over the {probs.n} seeds both ran)")  # fmt: skip
     return 0
 
 

@@ -1,8 +1,11 @@
-"""Which losses can be treated as interchangeable, across protocols: each method against the
-reference (the best average rank) by the Bayesian signed-rank test with a ROPE
-(harness.report.bayes), over every committed protocol and per setting; the leaderboard's
-section with its sensitivity to the ROPE, the stacked-bar figure of the report's front page,
-and the README's sentence, all from one computation (`across`)."""
+"""Which losses can be treated as interchangeable (harness.report.bayes's tests, at a ROPE).
+
+- Within a protocol (`within`): each row against the best and against the row that trained
+  no step, the leaderboard tables' `P(worse · ≈ · better)` columns.
+- Across protocols (`across`): each method against the reference (the best average rank) by
+  the Bayesian signed-rank test, over every committed protocol and per setting; the
+  leaderboard's section with its sensitivity to the ROPE, the stacked-bar figure of the
+  report's front page and the README's sentence all come from this one computation."""
 
 from __future__ import annotations
 
@@ -135,6 +138,12 @@ def comparisons(blocks: list[Block]) -> list[Across]:
     return [a for a in out if a is not None]
 
 
+def _over(a: Across) -> str:
+    """`all 6 protocols`, or `3 protocols, pretrained on real photos`."""
+    n = len(a.blocks)
+    return f"all {n} protocols" if a.label == ALL else f"{n} protocols, {a.label}"
+
+
 def _seeds(a: Across) -> str:
     low, high = a.seeds
     return f"{low}" if low == high else f"{low} to {high}"
@@ -207,7 +216,7 @@ def section(blocks: list[Block]) -> str:
              "(docs/verdicts.md).", ""]  # fmt: skip
     for a in found:
         eq = a.equivalent()
-        lines += [f"### {a.label.capitalize()}: {len(a.blocks)} protocols, ROPE ±{a.rope:g}",
+        lines += [f"### {_over(a).capitalize()}, ROPE ±{a.rope:g}",
                   "", f"Reference: {a.reference}. Practically equivalent to it (P ≥ "
                   f"{DECISIVE:g}): {', '.join(eq) if eq else 'none'}.", "", table(a), ""]  # fmt: skip
     return "\n".join(lines)
@@ -233,8 +242,8 @@ def drawing(a: Across) -> Figure:
     ax.set_xlabel(f"probability against {a.reference} (dotted: {DECISIVE:g})", fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.6 / len(names)), ncol=3,
               frameon=False, fontsize=8)  # fmt: skip
-    ax.set_title(f"Practically equivalent to {a.reference}? {a.label}, "
-                 f"{len(a.blocks)} protocols, ROPE ±{a.rope:g}", fontsize=11)  # fmt: skip
+    ax.set_title(f"Practically equivalent to {a.reference}? {_over(a)}, ROPE ±{a.rope:g}",
+                 fontsize=11)  # fmt: skip
     return fig
 
 

@@ -205,5 +205,26 @@ def test_the_leaderboard_figure_and_readme_quote_one_computation(committed):
     pretrained = across([b for b in blocks if b.setting == PRETRAINED], PRETRAINED)
     assert caption(pretrained) in leaderboard  # the figure's caption, under the figure
     assert (REFERENCE / "figures" / "equivalence_pretrained.png").is_file()
-    readme = " ".join((REFERENCE.parents[1] / "README.md").read_text(encoding="utf-8").split())
-    assert readme_sentence(pretrained) in readme
+    readme = (REFERENCE.parents[1] / "README.md").read_text(encoding="utf-8")
+    first_screen = " ".join("\n".join(readme.split("\n")[:40]).split())
+    assert readme_sentence(pretrained) in first_screen
+    named = ", ".join(pretrained.equivalent()[:-1]) + f" and {pretrained.equivalent()[-1]}"
+    assert f"The {len(pretrained.equivalent())} are {named}" in first_screen.replace(
+        "binomial deviance", "binomial_deviance")  # fmt: skip
+
+
+def test_compare_prints_the_probabilities_at_the_protocols_rope(committed, capsys):
+    """`compare` on committed cars: margin is significantly above contrastive (p = 0.013)
+    and practically equivalent to it (the gap is under a point)."""
+    from harness.cli import main
+
+    argv = ["compare", "margin", "contrastive", "--protocol", "cars", "--results-dir",
+            str(REFERENCE)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    values = per_seed(protocol_groups(committed)["cars"], "map@r")
+    a, b = ({s: 100 * v for s, v in values[m].items()} for m in ("margin", "contrastive"))
+    p = seed_probs(a, b, 1.0)
+    assert p.verdict() == "equivalent"
+    assert f"P(margin worse · ≈ · better than contrastive, ROPE ±1): {p.cell()} " in out
+    assert "(paired t test, n = 5), p = 0.0129" in out

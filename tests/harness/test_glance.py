@@ -255,7 +255,7 @@ def test_every_figure_is_legible_at_29_methods(committed, tmp_path):
     blocks = protocol_blocks(runs)
     names = sorted(blocks[0].means)
     assert len(names) == 29
-    test = rank_test(blocks)  # the methods every protocol ran (27: two pddm scorers missing)
+    test = rank_test(blocks)  # the methods every protocol ran
     photos = rank_test([b for b in blocks if b.setting == PRETRAINED])
     figures = {"cd_diagram": (cd_drawing(test), sorted(test.ranks.index)),
                "cd_diagram_pretrained": (cd_drawing(photos), sorted(photos.ranks.index)),
