@@ -1,7 +1,6 @@
 """Which methods are practically equivalent: Bayesian comparisons with a region of practical
 equivalence (ROPE), after Benavoli, Corani, Demšar and Zaffalon, "Time for a change: a
-tutorial for comparing multiple classifiers through Bayesian analysis" (JMLR 2017), with
-their library baycomp.
+tutorial for comparing multiple classifiers through Bayesian analysis" (JMLR 2017).
 
 A ROPE of r points says that two methods whose main metrics differ by less than r are, for
 practical purposes, the same. Each comparison gives three probabilities: that the first is
@@ -19,9 +18,14 @@ frequentist `≈ best` cannot tell "equivalent" from "too few seeds to tell"; th
 - Across protocols: the Bayesian signed-rank test (Benavoli et al., ICML 2014) over the
   protocols' means, each method against the reference (the best average rank, as in the
   critical-difference diagram). Its probabilities are the shares of 50,000 posterior samples
-  (seeded) in which each region is the most probable, baycomp's convention. The hierarchical
-  model (Corani et al., Machine Learning 2017), which would pool every seed of every protocol,
-  is not used: see docs/verdicts.md for why and what is lost.
+  (seeded) in which each region is the most probable. The hierarchical model (Corani et al.,
+  Machine Learning 2017), which would pool every seed of every protocol, is not used: see
+  docs/verdicts.md for why and what is lost.
+
+Both follow baycomp 1.0.3, the authors' library, formula for formula and draw for draw (the
+tests hold its outputs). It is not a dependency: its distribution installs a top-level
+`tests` package into site-packages, which shadows this project's own `tests` package (and
+any other project's), so the two small computations live here.
 """
 
 from __future__ import annotations
@@ -73,16 +77,23 @@ def protocol_rope(content: Mapping[str, Any] | None) -> float:
 
 def seed_probs(a: Mapping[int, float], b: Mapping[int, float], rope: float) -> Probs | None:
     """`a` against `b` (seed -> value, in points) within one protocol: the correlated t-test
-    with correlation 0 over the seeds both ran; None with fewer than two shared seeds."""
-    from baycomp.single import Posterior
+    with correlation 0 over the seeds both ran; None with fewer than two shared seeds. As
+    baycomp's `Posterior.probs`: t masses below -rope and above +rope, the rest within; no
+    spread at all puts the whole mass on the mean difference."""
+    from scipy import stats
 
+    _check_rope(rope)
     shared = sorted(set(a) & set(b))
     if len(shared) < 2:
         return None
     d = np.array([a[s] - b[s] for s in shared], dtype=np.float64)
-    variance = float(d.var(ddof=1)) / len(d)
-    worse, equivalent, better = Posterior(float(d.mean()), variance, len(d) - 1, rope).probs()
-    return Probs(float(worse), float(equivalent), float(better), len(d))
+    mean, variance = float(d.mean()), float(d.var(ddof=1)) / len(d)
+    if variance == 0:
+        worse, better = float(mean < -rope), float(mean > rope)
+    else:
+        t = stats.t(len(d) - 1, mean, math.sqrt(variance))
+        worse, better = float(t.cdf(-rope)), float(1 - t.cdf(rope))
+    return Probs(worse, 1 - worse - better, better, len(d))
 
 
 def signed_rank_samples(
@@ -111,10 +122,10 @@ def signed_rank_samples(
 
 def signed_rank_probs(x: Sequence[float], y: Sequence[float], rope: float) -> Probs:
     """`y` against `x` over data sets (paired means, in points): the Bayesian signed-rank
-    test's share of samples in which each region is the most probable."""
-    from baycomp.multiple import Posterior
-
-    worse, equivalent, better = Posterior(signed_rank_samples(x, y, rope)).probs()
+    test's share of samples in which each region is the most probable (baycomp's
+    `Posterior.probs`)."""
+    winners = np.argmax(signed_rank_samples(x, y, rope), axis=1)
+    worse, equivalent, better = np.bincount(winners, minlength=3) / len(winners)
     return Probs(float(worse), float(equivalent), float(better), len(x))
 
 

@@ -91,7 +91,9 @@ def within(values: dict[str, dict[int, float]], best: str | None, runs: list[Run
 
     rope = protocol_rope(runs[0].protocol.content if runs else None)
     untrained = untrained_row(runs)
-    references = [(best, "best"), (untrained, "zero-shot" if pretrained(runs) else "untrained")]
+    # the row that trained no step is named by its role under a pretrained backbone, else
+    # by its own name (random weights)
+    references = [(best, "best"), (untrained, "zero-shot" if pretrained(runs) else untrained)]
     out = {}
     for reference, label in references:
         if reference not in values:
@@ -155,8 +157,8 @@ def caption(a: Across) -> str:
     named = ", ".join(eq) if eq else "none"
     return (f"{a.label.capitalize()}: each method against {a.reference} (the best average "
             f"rank) on the main metric, ROPE ±{a.rope:g} points: P(worse by more than the "
-            f"ROPE), P(within it) and P(better), by the Bayesian signed-rank test (baycomp; "
-            f"{SAMPLES:,} seeded posterior samples) over the means of {len(a.blocks)} "
+            f"ROPE), P(within it) and P(better), by the Bayesian signed-rank test (Benavoli "
+            f"et al. 2014; {SAMPLES:,} seeded posterior samples) over the means of {len(a.blocks)} "
             f"protocols ({', '.join(a.blocks)}; {_seeds(a)} seeds each). Practically "
             f"equivalent to {a.reference} with P ≥ {DECISIVE:g}: {named}.")  # fmt: skip
 
@@ -205,7 +207,7 @@ def section(blocks: list[Block]) -> str:
     lines = ["", "## Which methods are practically equivalent?", "",
              "Each method against the reference (the best average rank over the protocols) by "
              "the Bayesian signed-rank test over the protocols' means of their main metric "
-             "(Benavoli et al., 2014 and 2017; baycomp), with a region of practical "
+             "(Benavoli et al., 2014 and 2017), with a region of practical "
              "equivalence (ROPE, `evaluation.rope` of the protocols, in points): P(worse by "
              "more than the ROPE) · P(within it) · P(better by more than it), the share of "
              f"{SAMPLES:,} seeded posterior samples in which each is the most probable. A "

@@ -1,5 +1,5 @@
 """The Bayesian comparisons with a ROPE (harness.report.bayes, equivalence): the correlated
-t-test and the signed-rank test against cases worked by hand and against baycomp's own code,
+t-test and the signed-rank test against cases worked by hand and against baycomp's outputs,
 the verdicts of identical and shifted methods, the ROPE as a protocol setting, and the
 tables, figure and README quoting one computation of the committed results."""
 
@@ -18,7 +18,6 @@ from harness.report.agreement import protocol_groups
 from harness.report.bayes import (
     DECISIVE,
     ROPES,
-    Probs,
     seed_probs,
     signed_rank_probs,
     signed_rank_samples,
@@ -76,20 +75,40 @@ def test_the_signed_rank_test_on_one_data_set_worked_by_hand():
     assert p.better == pytest.approx(2**-0.25, abs=0.006)
 
 
-@pytest.mark.parametrize("seed", [0, 3])
-def test_the_signed_rank_samples_are_baycomps(seed):
-    """The vectorised samples are baycomp's SignedRankTest.sample, draw for draw."""
-    from baycomp import SignedRankTest
+# Outputs of baycomp 1.0.3 (the authors' library), computed with it for these inputs:
+# SignedRankTest.probs(X, Y, rope, random_state=0), SignedRankTest.sample(X, Y, 1.0,
+# nsamples=3, random_state=0) and single.Posterior(d.mean(), d.var(ddof=1) / 5, 4, 0.5).probs()
+X = [38.0, 61.0, 13.0, 45.0, 27.0, 52.0]
+Y = [38.9, 60.2, 14.6, 46.1, 26.5, 53.4]
+BAYCOMP_PROBS = {1.0: (0.0, 0.76982, 0.23018), 0.5: (0.01628, 0.37728, 0.60644)}
+BAYCOMP_SAMPLES = [[0.0, 0.49704009376761704, 0.502959906232383],
+                   [0.0, 0.8227517281634509, 0.17724827183654912],
+                   [0.0, 0.6887706221936282, 0.31122937780637183]]  # fmt: skip
+D = [1.4, -0.3, 0.8, 0.2, 1.1]
+BAYCOMP_T = (0.010359018709574801, 0.32593691058770846, 0.6637040707027168)
 
-    rng = np.random.default_rng(seed)
-    x = rng.normal(50, 5, 6)
-    y = x + rng.normal(0.5, 1.5, 6)
-    y[2] = x[2] + 2.0  # a sum exactly at 2 * ROPE: baycomp's half-weight tie
-    ours = signed_rank_samples(x, y, 1.0, nsamples=3000, seed=seed)
-    theirs = SignedRankTest.sample(x, y, 1.0, nsamples=3000, random_state=seed)
-    np.testing.assert_allclose(ours, theirs, atol=1e-12)
-    expected = SignedRankTest.probs(x, y, 1.0, random_state=0)
-    assert signed_rank_probs(x, y, 1.0) == Probs(*map(float, expected), n=6)
+
+def test_the_signed_rank_test_reproduces_baycomp_draw_for_draw():
+    np.testing.assert_allclose(signed_rank_samples(X, Y, 1.0, nsamples=3), BAYCOMP_SAMPLES,
+                               atol=1e-12)  # fmt: skip
+    for rope, expected in BAYCOMP_PROBS.items():
+        p = signed_rank_probs(X, Y, rope)
+        assert (p.worse, p.equivalent, p.better) == pytest.approx(expected, abs=1e-12)
+
+
+def test_the_correlated_t_test_reproduces_baycomp():
+    p = seed_probs(dict(enumerate(D)), dict.fromkeys(range(5), 0.0), 0.5)
+    assert (p.worse, p.equivalent, p.better) == pytest.approx(BAYCOMP_T, abs=1e-12)
+
+
+def test_a_sum_exactly_at_twice_the_rope_counts_half_on_each_side():
+    """baycomp's Heaviside convention: a pair sum equal to 2 * ROPE is half within, half
+    above. One data set at exactly 2: sums 0 (within), 2 (half), 4 (above)."""
+    samples = signed_rank_samples([0.0], [2.0], 1.0, nsamples=4)
+    w0 = np.random.RandomState(0).dirichlet([0.5, 1.0], 4)[:, 0]
+    w1 = 1 - w0
+    np.testing.assert_allclose(samples[:, 2], w0 * w1 + w1**2, atol=1e-12)
+    np.testing.assert_allclose(samples[:, 1], w0**2 + w0 * w1, atol=1e-12)
 
 
 def test_identical_methods_are_equivalent_and_a_five_point_shift_is_better():

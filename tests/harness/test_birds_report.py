@@ -100,9 +100,11 @@ def test_the_zero_shot_row_is_named_and_each_row_is_tested_against_it():
     )
     assert rows["arcface"]["vs zero-shot (map@r)"] == f"below (p = {adjusted['arcface']:.2g})"
     assert rows["npairs"]["vs zero-shot (map@r)"] == f"≈ zero-shot (p = {adjusted['npairs']:.2g})"
-    # the columns: method, seeds, vs best, vs zero-shot, then the numbers
-    assert list(leaderboard_frame(runs()).columns[:4]) == [
-        "method", "seeds", "vs best (map@r)", "vs zero-shot (map@r)"]  # fmt: skip
+    # the columns: method, seeds, vs best and its probabilities, vs zero-shot and its, then
+    # the numbers
+    assert list(leaderboard_frame(runs()).columns[:6]) == [
+        "method", "seeds", "vs best (map@r)", "P(worse · ≈ · better) vs best, ±1",
+        "vs zero-shot (map@r)", "P(worse · ≈ · better) vs zero-shot, ±1"]  # fmt: skip
 
 
 def test_the_markdown_explains_the_zero_shot_row_above_its_table():
