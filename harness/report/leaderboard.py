@@ -141,8 +141,8 @@ def leaderboard_frame(
     out = [_line(method, group, metrics, by_name[method])
            for method, group in df.groupby("method", sort=False)]  # fmt: skip
     if not parts and main in metrics:
-        _mark_against_best(out, runs, main)
-        _mark_equivalence(out, runs, main)
+        values, best = _mark_against_best(out, runs, main)
+        _mark_equivalence(out, runs, values, best)
         _mark_against_zero_shot(out, runs, main)
     if ranked:  # complete rows first, each part best first (stable: ties keep their order)
         out.sort(key=lambda line: (not line["_complete"], -_finite(line["_sort"])))
@@ -208,21 +208,26 @@ def _line(
     return line
 
 
-def _mark_against_best(lines: list[dict[str, Any]], runs: list[RunResult], main: str) -> None:
-    """Add the `vs best` column: which complete rows the tests cannot tell from the best."""
+def _mark_against_best(
+    lines: list[dict[str, Any]], runs: list[RunResult], main: str
+) -> tuple[dict[str, dict[int, float]], str | None]:
+    """Add the `vs best` column: which complete rows the tests cannot tell from the best.
+    Returns the complete rows' per-seed values and the best row, which the other marks use."""
     complete = {line["method"] for line in lines if line["_complete"]}
     values = {n: v for n, v in per_seed(runs, main).items() if n in complete}
-    _, marks = against_best(values)
+    best, marks = against_best(values)
     for line in lines:
         line[f"vs best ({main})"] = marks.get(line["method"], "incomplete: untested")
+    return values, best
 
 
-def _mark_equivalence(lines: list[dict[str, Any]], runs: list[RunResult], main: str) -> None:
-    """Add the `P(worse · ≈ · better)` columns (harness.report.equivalence.within): against
-    the best, and against the zero-shot or untrained row, at the protocol's ROPE."""
-    complete = {line["method"] for line in lines if line["_complete"]}
-    values = {n: v for n, v in per_seed(runs, main).items() if n in complete}
-    best, _ = against_best(values)
+def _mark_equivalence(
+    lines: list[dict[str, Any]], runs: list[RunResult],
+    values: dict[str, dict[int, float]], best: str | None,
+) -> None:  # fmt: skip
+    """Add the `P(worse · ≈ · better)` columns (harness.report.equivalence.within) from the
+    complete rows' per-seed `values`: against the `best`, and against the zero-shot or
+    untrained row, at the protocol's ROPE."""
     for column, cells in within(values, best, runs).items():
         for line in lines:
             line[column] = cells.get(line["method"], "incomplete: untested")
