@@ -96,7 +96,7 @@ def listing(folder_: Path) -> list[str]:
 def test_the_walkthrough_runs_as_written(tmp_path):
     image_folder(tmp_path / "my-images", per_class=6)
     done = run_page(REPO / "docs" / "own-data.md", tmp_path)
-    assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
+    assert [d.returncode for d in done] == [0] * 6, [d.stderr[-2000:] for d in done]
     verify = done[0].stdout.splitlines()
     assert verify[-1] == "OK" and "8 classes, 48 images" in verify[1]
     for method in ("contrastive", "triplet"):
@@ -106,6 +106,17 @@ def test_the_walkthrough_runs_as_written(tmp_path):
         assert "my-images" in record["dataset"]["source"]
         assert record["split"]["train_classes"] == 4 and record["split"]["test_classes"] == 4
     assert (tmp_path / "my-results" / "LEADERBOARD.md").is_file()
+    # section 6: the winner kept, exported, a catalogue of the photos, and a search in it
+    kept = json.loads((tmp_path / "my-results" / "runs" / "my-protocol" / "contrastive" /
+                       "seed0.json").read_text())["model"]  # fmt: skip
+    assert kept["file"] == "seed0.model.pt" and len(kept["weights_sha256"]) == 64
+    assert (tmp_path / "my-model.onnx").stat().st_size > 0
+    header = json.loads((tmp_path / "my-index" / "catalogue.json").read_text())
+    assert header["count"] == 48 and header["model"]["weights_sha256"] == kept["weights_sha256"]
+    hits = done[5].stdout.splitlines()
+    assert hits[0] == "my-images/class0/0.png:" and len(hits) == 6
+    assert hits[1].split()[1:] == ["0.0000", "class0/0.png"]  # a catalogue photo finds itself
+    assert (tmp_path / "my-search.html").read_text().count("<img ") == 6
 
 
 def test_folder_fixed_split_runs_under_official_and_is_refused_without(tmp_path, capsys):

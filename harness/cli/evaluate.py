@@ -5,7 +5,14 @@ run saved (`run --save-embeddings`), scored as that run scored them.
 What could mislead is said, one line each, on stderr and in `--json`'s `warnings`: query rows
 identical to gallery rows (each finds its copy at distance 0), all-vs-all's rule that each item
 is left out of its own gallery, a learned-scorer run ranked by Euclidean distance, and saved
-files that differ from those their run recorded."""
+files that differ from those their run recorded.
+
+`--rerank NAME[:key=value,...]` ranks by a re-ranking of the Euclidean distances
+(harness.evaluate.reranking: k_reciprocal, aqe_dba; docs/reranking.md) for the retrieval metrics;
+a note says which ran and its seconds (`--json`: also `rerank` and `rerank_seconds`). A saved
+folder whose run re-ranked (evaluation.rerank) is re-ranked the same way unless --rerank says
+otherwise (`--rerank none`: the plain Euclidean ranking). A learned-scorer run with --rerank
+re-ranks its Euclidean distances, with a warning: the learned scorer is not saved."""
 
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from harness.cli.argtypes import int_list
 from harness.core import HarnessError, program_name
 from harness.evaluate import MetricOptions, compute_metrics, file_sha256, load_embeddings
 from harness.evaluate.metrics.clustering import faiss as KMEANS_FAISS
+from harness.evaluate.reranking import Rerank, parse_rerank, reranked_metrics
 
 DEFAULT_RECALL_KS = [1, 2, 4, 8]
 FILE_OPTIONS = ("embeddings", "labels", "query_embeddings", "query_labels")
@@ -48,6 +56,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--euclidean", action="store_true",
                     help="DIR of a run that ranked by a learned scorer: rank its embeddings by "
                     "Euclidean distance anyway (not the run's numbers; the output says so)")  # fmt: skip
+    ev.add_argument("--rerank", metavar="NAME[:key=value,...]",
+                    help="rank by a re-ranking of the Euclidean distances: k_reciprocal "
+                    "(k1=20,k2=6,lambda=0.3) or aqe_dba (alpha=3,n=2), e.g. "
+                    "k_reciprocal:k1=20,k2=6; none for no re-ranking (for DIR, default: the "
+                    "run's own); see docs/reranking.md")  # fmt: skip
     ev.add_argument("--json", action="store_true",
                     help="one JSON object: the metrics and a list of `warnings`")  # fmt: skip
     ev.set_defaults(handler=cmd_evaluate)
@@ -60,17 +73,42 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.folder is not None and given:
         raise HarnessError(f"give a folder (DIR) or {', '.join(given)}, not both")
     if args.folder is not None:
-        metrics, notes = _evaluate_folder(args)
+        metrics, notes, extra = _evaluate_folder(args)
     else:
-        metrics, notes = _evaluate_files(args)
+        metrics, notes, extra = _evaluate_files(args)
     for note in notes:
         print(note, file=sys.stderr)
     if args.json:
-        print(json.dumps({**metrics, "warnings": notes}))
+        print(json.dumps({**metrics, **extra, "warnings": notes}))
     else:
         for name, value in metrics.items():
             print(f"{name:<14} {value:.4f}")
     return 0
+
+
+Scored = tuple[dict[str, float], list[str], dict[str, Any]]  # metrics, notes, --json's extras
+
+
+def _scored(rerank: Rerank | None, parts: tuple[Any, ...], ks: tuple[int, ...],
+            names: list[str] | None, options: MetricOptions) -> Scored:  # fmt: skip
+    """The metrics of `parts` (queries and labels, then the gallery and its labels, if any),
+    re-ranked when `rerank` is given: then a note says which re-ranking ran and its seconds,
+    and --json gets `rerank` and `rerank_seconds`."""
+    if rerank is None:
+        return compute_metrics(*parts, recall_ks=ks, metrics=names, options=options), [], {}
+    metrics, seconds = reranked_metrics(*parts, rerank=rerank, recall_ks=ks, metrics=names,
+                                        options=options)  # fmt: skip
+    note = (f"note: retrieval metrics ranked by the re-ranking {rerank.text} ({seconds:.2f} s;"
+            " docs/reranking.md); nmi, f1 and lda do not depend on the ranking")  # fmt: skip
+    return metrics, [note], {"rerank": rerank.text, "rerank_seconds": round(seconds, 3)}
+
+
+def _given_rerank(text: str) -> Rerank | None:
+    """--rerank's re-ranking (None: none), its errors one line naming the option."""
+    try:
+        return parse_rerank(text)
+    except HarnessError as exc:
+        raise HarnessError(f"--rerank {text}: {exc}") from None
 
 
 def _load_npy(path: Path, what: str) -> np.ndarray:
@@ -82,7 +120,7 @@ def _load_npy(path: Path, what: str) -> np.ndarray:
         raise HarnessError(f"{what} file {path} is not a readable .npy array ({exc})") from None
 
 
-def _evaluate_files(args: argparse.Namespace) -> tuple[dict[str, float], list[str]]:
+def _evaluate_files(args: argparse.Namespace) -> Scored:
     """The metrics of the .npy files given, all-vs-all or queries against the gallery."""
     if args.embeddings is None or args.labels is None:
         raise HarnessError(f"give a folder written by `{program_name()} run --save-embeddings`, "
@@ -92,6 +130,7 @@ def _evaluate_files(args: argparse.Namespace) -> tuple[dict[str, float], list[st
     if args.euclidean:
         raise HarnessError("--euclidean goes with a folder (DIR) of a run that ranked by a "
                            "learned scorer; .npy files are always ranked by Euclidean distance")  # fmt: skip
+    rerank = None if args.rerank is None else _given_rerank(args.rerank)
     gallery = _load_npy(args.embeddings, "--embeddings")
     gallery_labels = _load_npy(args.labels, "--labels")
     ks = tuple(args.recall_ks or DEFAULT_RECALL_KS)
@@ -99,12 +138,12 @@ def _evaluate_files(args: argparse.Namespace) -> tuple[dict[str, float], list[st
     options = MetricOptions(kmeans_convention=convention)
     said = [convention_note(convention, chosen=args.clustering is not None)]
     if args.query_embeddings is None:
-        metrics = compute_metrics(gallery, gallery_labels, recall_ks=ks, options=options)
-        return metrics, overlap_notes(gallery, None) + said
+        metrics, notes, extra = _scored(rerank, (gallery, gallery_labels), ks, None, options)
+        return metrics, overlap_notes(gallery, None) + said + notes, extra
     query = (_load_npy(args.query_embeddings, "--query-embeddings"),
              _load_npy(args.query_labels, "--query-labels"))  # fmt: skip
-    metrics = compute_metrics(*query, gallery, gallery_labels, recall_ks=ks, options=options)
-    return metrics, overlap_notes(query[0], gallery) + said
+    metrics, notes, extra = _scored(rerank, (*query, gallery, gallery_labels), ks, None, options)
+    return metrics, overlap_notes(query[0], gallery) + said + notes, extra
 
 
 def default_convention() -> str:
@@ -124,20 +163,22 @@ def convention_note(convention: str, *, chosen: bool) -> str:
             f"iterations){why}; --clustering faiss for the published tables' convention")  # fmt: skip
 
 
-def _evaluate_folder(args: argparse.Namespace) -> tuple[dict[str, float], list[str]]:
+def _evaluate_folder(args: argparse.Namespace) -> Scored:
     """A saved folder's metrics, computed as its run computed them (its metrics, recall Ks,
-    k-means convention and seed), unless --recall-ks or --clustering says otherwise. A run
-    that ranked by a learned scorer is refused unless --euclidean asks for Euclidean ranking."""
+    k-means convention and seed, and its re-ranking), unless --recall-ks, --clustering or
+    --rerank says otherwise. A run that ranked by a learned scorer is refused unless
+    --euclidean (or --rerank) asks for a ranking from Euclidean distances."""
     saved = load_embeddings(args.folder)
-    notes = []
+    rerank, notes = _folder_rerank(args, saved.meta)
     if saved.learned_scorer:
-        if not args.euclidean:
+        if rerank is None and not args.euclidean:
             raise HarnessError(f"{args.folder}: {saved.meta.get('method')} ranked by its learned "
                                "scorer, which is not saved, so the run's metrics cannot be "
                                "recomputed; pass --euclidean to rank by Euclidean distance "
                                "instead (not the run's numbers)")  # fmt: skip
-        notes.append("warning: ranked by Euclidean distance, not by the run's learned scorer: "
-                     "these are not the run's metrics")  # fmt: skip
+        ranked = "re-ranked from Euclidean distances" if rerank else "ranked by Euclidean distance"
+        notes.append(f"warning: {ranked}, not by the run's learned scorer: these are not the "
+                     "run's metrics")  # fmt: skip
     names = _meta(saved.meta, "metrics", list, args.folder)
     ks = _meta(saved.meta, "recall_ks", list, args.folder)
     if args.recall_ks:  # the user's Ks instead of the run's
@@ -148,9 +189,31 @@ def _evaluate_folder(args: argparse.Namespace) -> tuple[dict[str, float], list[s
         kmeans_convention=args.clustering or _meta(saved.meta, "clustering", str, args.folder),
     )
     query, query_labels, gallery, gallery_labels = saved.parts()
-    metrics = compute_metrics(query, query_labels, gallery, gallery_labels, recall_ks=tuple(ks),
-                              metrics=names, options=options)  # fmt: skip
-    return metrics, notes + overlap_notes(query, gallery) + changed_files(args.folder)
+    parts = (query, query_labels) if gallery is None else (query, query_labels, gallery,
+                                                           gallery_labels)  # fmt: skip
+    metrics, said, extra = _scored(rerank, parts, tuple(ks), names, options)
+    notes += overlap_notes(query, gallery) + said + changed_files(args.folder)
+    return metrics, notes, extra
+
+
+def _folder_rerank(
+    args: argparse.Namespace, meta: dict[str, Any]
+) -> tuple[Rerank | None, list[str]]:
+    """The re-ranking for a saved folder: --rerank's, else the run's own (its protocol's
+    evaluation.rerank, recorded in the folder's `ranking`), and a line when it is the run's,
+    or when it differs from the run's (then these are not the run's metrics)."""
+    recorded = (meta.get("ranking") or {}).get("rerank")  # canonical text, or absent: none
+    if args.rerank is None:
+        if recorded is None:
+            return None, []
+        note = (f"note: re-ranked as the run was (evaluation.rerank: {recorded}); --rerank "
+                "none for the Euclidean ranking")  # fmt: skip
+        return _given_rerank(recorded), [note]
+    rerank = _given_rerank(args.rerank)
+    if recorded is not None and (rerank is None or rerank.text != recorded):
+        return rerank, [f"warning: the run re-ranked by {recorded}, not by --rerank "
+                        f"{args.rerank}: these are not the run's metrics"]  # fmt: skip
+    return rerank, []
 
 
 def _meta(meta: dict[str, Any], key: str, kind: type, folder: Path) -> Any:

@@ -14,12 +14,12 @@ import os
 import sys
 
 from harness import __version__
-from harness.cli import check, compare, cost, info, report, run, show, tune
+from harness.cli import check, compare, cost, deploy, info, report, rerank, run, show, tune
 from harness.cli.parsing import SubcommandParser, add_global_options, top_parser
 from harness.core import HarnessError, plugins_loaded
 
 # in the order `--help` lists them
-COMMAND_MODULES = (run, info, show, report, cost, check, compare, tune)
+COMMAND_MODULES = (run, info, show, report, cost, check, compare, tune, deploy, rerank)
 
 
 def build_parser() -> argparse.ArgumentParser:

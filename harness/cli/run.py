@@ -83,6 +83,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="also write each finished run's test embeddings, labels and "
                      "query/gallery flags (.npy) beside its result, for `evaluate DIR`; a "
                      "finished run without them is rerun")  # fmt: skip
+    run.add_argument("--save-model", action="store_true",
+                     help="also keep each finished run's embedding network beside its result "
+                     "(seed<k>.model.pt: the whole network, a frozen trunk included, with its "
+                     "preprocessing and provenance), for `export`, `index` and `search`; a "
+                     "finished run without one is not rerun unless --force")  # fmt: skip
     run.add_argument("--engine", default="local", choices=["local", "ray"],
                      help="local: one run after another in this process (default); ray: each "
                      "run a Ray task (needs the ray extra)")  # fmt: skip
@@ -160,6 +165,7 @@ def _plan(args: argparse.Namespace) -> list[RunSpec]:
         max_steps=args.max_steps, results_dir=args.results_dir, force=args.force,
         weights=args.weights, workers=args.workers, decoder=args.decoder,
         compile=args.compile, tuned=args.tuned, save_embeddings=args.save_embeddings,
+        save_model=args.save_model,
         tracking=tracking,
     )  # fmt: skip
     log.info(

@@ -32,6 +32,7 @@ from harness.core.names import NAME_RULE, is_plain_name
 from harness.core.paths import PROTOCOL_DIR
 from harness.core.reference import check_entry
 from harness.core.registry import closest
+from harness.core.rerank_spec import parse_rerank
 from harness.core.seeds import seed_problem
 
 SCHEMA_VERSION = 1
@@ -195,9 +196,17 @@ class EvaluationSpec:
     # in points of the main metric (percentage points for a fraction such as MAP@R): two
     # methods closer than this are practically the same.
     rope: float = 1.0
+    # A re-ranking of the test ranking (docs/reranking.md): none, or NAME[:key=value,...],
+    # e.g. k_reciprocal or aqe_dba:alpha=3,n=2; kept in its canonical text (every parameter).
+    rerank: str = "none"
 
     def __post_init__(self) -> None:
         _check(self.rope > 0, f"rope must be > 0 points of the main metric, got {self.rope!r}")
+        try:  # checked here, not at the test: a typo must not cost a whole run
+            reranking = parse_rerank(self.rerank)
+        except HarnessError as exc:
+            raise ValueError(f"rerank: {exc}") from None
+        object.__setattr__(self, "rerank", "none" if reranking is None else reranking.text)
         _check(
             is_single_metric(self.select_by),
             f"select_by must be recall@<k> (e.g. recall@1) or one of {', '.join(SINGLE_METRICS)}, "
@@ -309,7 +318,8 @@ class Protocol:
             data.pop("augmentation")
         else:
             data["augmentation"] = self.augmentation.content()
-        for key, default in (("select_by", "map@r"), ("clustering", "harness"), ("rope", 1.0)):
+        for key, default in (("select_by", "map@r"), ("clustering", "harness"), ("rope", 1.0),
+                             ("rerank", "none")):  # fmt: skip
             if data["evaluation"][key] == default:
                 data["evaluation"].pop(key)
         return data

@@ -30,7 +30,13 @@ from harness.evaluate.score import (
     evaluate,
     selection_score,
 )
-from harness.evaluate.scoring import CountedScorer, ranking_scorer, rerank, retrieval_record
+from harness.evaluate.scoring import (
+    CountedScorer,
+    check_rerank,
+    ranking_scorer,
+    rerank,
+    retrieval_record,
+)
 
 __all__ = [
     "AVERAGE_PRECISION",
@@ -49,6 +55,7 @@ __all__ = [
     "neighbour_count",
     "per_query_values",
     "top_neighbours",
+    "check_rerank",
     "ranking_scorer",
     "rerank",
     "retrieval_record",

@@ -19,9 +19,15 @@ from harness.core import (
 )
 from harness.data import for_test
 from harness.evaluate.embedding import embed, embed_parts
-from harness.evaluate.metrics.report import MetricOptions, compute_metrics, compute_report
+from harness.evaluate.metrics.report import (
+    MetricOptions,
+    MetricReport,
+    compute_metrics,
+    compute_report,
+)
 from harness.evaluate.neighbours import AVERAGE_PRECISION, per_query_values, top_neighbours
-from harness.evaluate.scoring import ranking_scorer
+from harness.evaluate.reranking import Reranked, protocol_rerank, reranked_report
+from harness.evaluate.scoring import CountedScorer, ranking_scorer
 
 
 def evaluate(
@@ -57,9 +63,7 @@ def evaluate(
         metric_names(ctx.protocol),
         _options(ctx),
     )
-    scorer, counted = ranking_scorer(method, ctx.protocol, all_vs_all=gallery is None)
-    report = compute_report(embedded.embeddings, labels_t, *embedded.gallery, recall_ks=ks,
-                            metrics=names, scorer=scorer, options=options)  # fmt: skip
+    report, reranked, counted = _ranked(ctx, method, embedded, labels_t, ks, names, options)
     by_part: dict[str, dict[str, float]] = {}
     distances: dict[str, list[float]] = {}
     if gallery is None:
@@ -71,6 +75,7 @@ def evaluate(
     timings = {
         "embed_seconds": round(embed_seconds, 3),
         "eval_seconds": round(clock.now() - start, 3),
+        **({"rerank_seconds": round(reranked.seconds, 3)} if reranked is not None else {}),
     }
     bootstrap = {
         "unit": "test queries", "resamples": BOOTSTRAP_RESAMPLES, "seed": ctx.seed,
@@ -82,27 +87,48 @@ def evaluate(
                         None if counted is None else counted.pairs,
                         embedded.gallery[0] if embedded.gallery else None)  # fmt: skip
     if neighbours > 0:
-        _retrieved(ctx, method, embedded, labels, report.per_query, neighbours, result)
+        _retrieved(ctx, method, embedded, labels, report.per_query, neighbours, result, reranked)
     return result
+
+
+def _ranked(
+    ctx: RunContext, method: Method, embedded: _Embedded, labels: torch.Tensor,
+    ks: tuple[int, ...], names: list[str], options: MetricOptions,
+) -> tuple[MetricReport, Reranked | None, CountedScorer | None]:  # fmt: skip
+    """The test metrics as the run ranks: by the method's scorer (counted) or Euclidean
+    distance, or by the protocol's re-ranking of the Euclidean distances (evaluation.rerank;
+    a learned scorer with a re-ranking is refused by ranking_scorer)."""
+    scorer, counted = ranking_scorer(method, ctx.protocol, all_vs_all=not embedded.gallery)
+    reranking = protocol_rerank(ctx.protocol)  # evaluation.rerank; None: no re-ranking
+    if reranking is None:
+        return compute_report(embedded.embeddings, labels, *embedded.gallery, recall_ks=ks,
+                              metrics=names, scorer=scorer, options=options), None, counted  # fmt: skip
+    reranked = reranked_report(embedded.embeddings, labels, *embedded.gallery, rerank=reranking,
+                               recall_ks=ks, metrics=names, options=options)  # fmt: skip
+    return reranked.report, reranked, counted
 
 
 def _retrieved(
     ctx: RunContext, method: Method, embedded: _Embedded, labels: np.ndarray,
-    per_query: dict[str, np.ndarray], k: int, result: Evaluation,
+    per_query: dict[str, np.ndarray], k: int, result: Evaluation, reranked: Reranked | None,
 ) -> None:  # fmt: skip
     """Each query's top-k gallery rows, ranked by the run's own scorer (a fresh, uncounted
-    one: the result's pair_scores stays the metrics' cost), and its MAP@R: the metrics' own
-    per-query values when the protocol reports map@r, else one more pass for them alone."""
+    one: the result's pair_scores stays the metrics' cost) or by its re-ranked distances,
+    and its MAP@R: the metrics' own per-query values when the protocol reports map@r, else
+    one more pass for them alone."""
     all_vs_all = not embedded.gallery
     scorer, _ = ranking_scorer(method, ctx.protocol, all_vs_all=all_vs_all)
-    gallery = None if all_vs_all else embedded.gallery[0]
+    queries, gallery = embedded.embeddings, None if all_vs_all else embedded.gallery[0]
+    if reranked is not None:  # row indices, and a scorer reading the re-ranked distances
+        queries, gallery, scorer = reranked.ranking()
     gallery_labels = None if all_vs_all else embedded.gallery[1].cpu().numpy()
     size = len(labels) - 1 if all_vs_all else len(gallery_labels)
-    result.neighbours = top_neighbours(embedded.embeddings, gallery, min(k, size), scorer)
+    result.neighbours = top_neighbours(queries, gallery, min(k, size), scorer)
     values = per_query.get(AVERAGE_PRECISION)
     if values is None:
-        report = compute_report(embedded.embeddings, torch.as_tensor(labels), *embedded.gallery,
-                                recall_ks=(), metrics=(AVERAGE_PRECISION,), scorer=scorer,
+        given = () if all_vs_all else (gallery, embedded.gallery[1])
+        report = compute_report(queries, torch.as_tensor(labels), *given, recall_ks=(),
+                                metrics=(AVERAGE_PRECISION,), scorer=scorer,
                                 options=_options(ctx))  # fmt: skip
         values = report.per_query[AVERAGE_PRECISION]
     result.average_precision = per_query_values(values, labels, gallery_labels)
@@ -207,7 +233,11 @@ def selection_score(
     embeddings = embed(backbone, method, images, ctx.device, protocol.evaluation.batch_size,
                        ctx.precision)  # fmt: skip
     scorer, _ = ranking_scorer(method, protocol, all_vs_all=True)
-    name = protocol.evaluation.select_by
+    name, reranking = protocol.evaluation.select_by, protocol_rerank(protocol)
+    if reranking is not None:  # ranked as the test will be: re-ranked
+        return reranked_report(embeddings, torch.as_tensor(labels), rerank=reranking,
+                               recall_ks=(1,), metrics=(name,),
+                               options=_options(ctx)).report.metrics[name]  # fmt: skip
     metrics = compute_metrics(embeddings, torch.as_tensor(labels), recall_ks=(1,),
                               metrics=(name,), scorer=scorer, options=_options(ctx))  # fmt: skip
     return metrics[name]

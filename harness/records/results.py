@@ -9,8 +9,9 @@ nothing else changed, so schema-1 files load as they are (their `sweep_seeds` is
 readers fall back to the protocol's seeds). The optional `clustering_convention` (the k-means
 behind nmi and f1) and `diagnostics` (a method's own named numbers) came later within schema
 2: files without the first used "harness"; an older reader keeps either as an unknown key.
-So did `embeddings` (`run --save-embeddings`: the saved test embeddings' folder and sha256s),
-written only when the run saved them: every other result is byte for byte what it was.
+So did `embeddings` (`run --save-embeddings`: the saved test embeddings' folder and sha256s)
+and `model` (`run --save-model`: the kept network's file and sha256s), each written only when
+the run saved them: every other result is byte for byte what it was.
 A newer or unknown schema is refused with a one-line error saying what to do.
 """
 
@@ -271,6 +272,8 @@ class RunResult(Record):
     retrieval: dict[str, Any] | None = optional()
     # `run --save-embeddings`: the folder beside this file and each of its files' sha256
     embeddings: dict[str, Any] | None = optional()
+    # `run --save-model`: the model file beside this file, its sha256 and its weights' sha256
+    model: dict[str, Any] | None = optional()
     finished_at: str | None = optional()
     extra: dict[str, Any] = _extra()
 
@@ -315,6 +318,13 @@ def embeddings_dir(result: Path) -> Path:
 
 
 EMBEDDINGS_SUFFIX = ".embeddings"
+MODEL_SUFFIX = ".model.pt"
+
+
+def model_path(result: Path) -> Path:
+    """Where `run --save-model` keeps a run's embedding network: beside its result,
+    runs/<protocol>/<method>/seed<k>.model.pt for seed<k>.json."""
+    return Path(result).with_suffix(MODEL_SUFFIX)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -431,4 +441,6 @@ def archive(path: Path, results_dir: Path) -> Path:
     path.replace(target)
     if embeddings_dir(path).is_dir():  # its saved embeddings go with it, never left behind
         embeddings_dir(path).replace(embeddings_dir(target))
+    if model_path(path).is_file():  # so does its saved model
+        model_path(path).replace(model_path(target))
     return target

@@ -15,6 +15,7 @@ from harness.records import (
     archive,
     embeddings_dir,
     machine_id,
+    model_path,
     read_result,
     result_path,
     run_lock,
@@ -62,6 +63,14 @@ def _saved_embeddings(old: RunResult, path: Path) -> bool:
     return bool(old.embeddings) and embeddings_dir(path).is_dir()
 
 
+def _say_no_model(spec: RunSpec, path: Path) -> None:
+    """`--save-model` never reruns a finished run for its model (its numbers would not
+    change; its cost would): say how to get one."""
+    if spec.save_model and not model_path(path).is_file():
+        log.warning("%s seed %d finished earlier without a saved model; rerun it with "
+                    "--save-model --force to keep its model", spec.method, spec.seed)  # fmt: skip
+
+
 def checkpoint_path(results_dir: Path, protocol: str, method: str, seed: int) -> Path:
     """checkpoints/<protocol>/<method>/seed<k>.pt under results_dir (names checked as for
     result_path: never a folder outside results_dir)."""
@@ -85,6 +94,7 @@ def decide(
         and not spec.force
         and _same_run(read_result(path), record, any_machine, wants)
     ):
+        _say_no_model(spec, path)
         return "skipped", path, record
     if not locks.enter_context(run_lock(path)):
         log.warning("%s is being run by another process; skipping it here", path)

@@ -45,7 +45,8 @@ def import_ray() -> Any:
 
 def run_task(spec: RunSpec, threads: int, progress: Any = None) -> dict[str, Any]:
     """A Ray task: train and evaluate one run; return its status, record and, with
-    `--save-embeddings`, its test embeddings (none of them written: the driver writes).
+    `--save-embeddings`, its test embeddings and, with `--save-model`, its model (none of them
+    written: the driver writes).
     `progress`: a Ray queue to which each finished epoch is reported (best effort)."""
     load_methods()
 
@@ -62,12 +63,13 @@ def run_task(spec: RunSpec, threads: int, progress: Any = None) -> dict[str, Any
 
     out: dict[str, Any] = {}
 
-    def hand_back(_: Path, result: RunResult, saved: Any = None) -> None:
-        out.update(result=result.to_json(), embeddings=saved)  # the driver writes both
+    def hand_back(_: Path, result: RunResult, saved: Any = None, kept: Any = None) -> None:
+        out.update(result=result.to_json(), embeddings=saved, model=kept)  # the driver writes
 
     status, _ = execute_run(spec, record, path, on_epoch_end=None if progress is None else report,
                             write=hand_back)  # fmt: skip
-    return {"status": status, "result": out.get("result"), "embeddings": out.get("embeddings")}
+    return {"status": status, "result": out.get("result"), "embeddings": out.get("embeddings"),
+            "model": out.get("model")}  # fmt: skip
 
 
 def start_ray(ray: Any, address: str | None) -> bool:
@@ -151,7 +153,8 @@ def _collect(ray: Any, pending: dict[Any, tuple[RunSpec, Path]], total: int,
             else:
                 status = out["status"]
                 if out["result"] is not None:
-                    write_run(path, RunResult.from_json(out["result"]), out.get("embeddings"))
+                    write_run(path, RunResult.from_json(out["result"]), out.get("embeddings"),
+                              out.get("model"))  # fmt: skip
             counts[status] = counts.get(status, 0) + 1
             done += 1
             bar.update(1)

@@ -14,6 +14,7 @@ import harness
 from harness.backbones import starting_weights
 from harness.core import MethodSpec, Protocol, RunContext
 from harness.data import LabelledImages, Split
+from harness.deploy.model import KeptModel, write_model
 from harness.evaluate import Evaluation, SavedEmbeddings, retrieval_record, write_embeddings
 from harness.records import (
     DatasetInfo,
@@ -26,6 +27,7 @@ from harness.records import (
     TupleCounts,
     embeddings_dir,
     environment,
+    model_path,
     write_result,
 )
 from harness.sweep.identity import hashed_weights
@@ -67,12 +69,18 @@ def _describe_run(
     record.environment = Environment.from_json(environment(device))
 
 
-def write_run(path: Path, record: RunResult, saved: SavedEmbeddings | None = None) -> None:
+def write_run(
+    path: Path, record: RunResult, saved: SavedEmbeddings | None = None,
+    kept: KeptModel | None = None,
+) -> None:  # fmt: skip
     """A run's result file; with `saved` (`--save-embeddings`, a finished run), its test
-    embeddings first, into the folder beside it, whose files and sha256s the result records:
-    a result never names files that are not written yet."""
+    embeddings first, into the folder beside it, and with `kept` (`--save-model`) its model
+    file, whose files and sha256s the result records: a result never names files that are not
+    written yet."""
     if saved is not None:
         record.embeddings = write_embeddings(embeddings_dir(path), saved)
+    if kept is not None:
+        record.model = write_model(model_path(path), kept)
     write_result(path, record)
 
 

@@ -28,6 +28,7 @@ from harness.data import (
     on_device,
     prepare_data,
 )
+from harness.deploy.model import KeptModel, keep_model
 from harness.evaluate import (
     Evaluation,
     SavedEmbeddings,
@@ -142,12 +143,35 @@ def _train_and_write(
             result.embeddings, torch.as_tensor(data.labels[query])
         )
     record_outcome(record, ctx, stats, result)
-    if spec.save_embeddings:
-        write(path, record, _saved(spec, ctx, result, data, split))
-    else:
-        write(path, record)
+    saved = _saved(spec, ctx, result, data, split) if spec.save_embeddings else None
+    kept = _kept(spec, ctx, model, record) if spec.save_model else None
+    write(path, record, saved, kept)
     checkpoint.path.unlink(missing_ok=True)
     return "ok"
+
+
+def _kept(spec: RunSpec, ctx: RunContext, model: Model, record: RunResult) -> KeptModel:
+    """The network `--save-model` keeps (harness.deploy.model): the whole backbone and the
+    head, with the method, its context and the run's provenance."""
+    protocol = ctx.protocol
+    select_by = protocol.evaluation.select_by
+    environment = record.environment.to_json() if record.environment else {}
+    meta = {
+        "method": {"name": spec.method, "version": record.method.version,
+                   "hyperparameters": dict(spec.hyperparameters or {})},
+        "context": dataclasses.asdict(model.context) if model.context else {},
+        "learned_scorer": model.method.scorer is not None,
+        "provenance": {
+            "protocol": {"name": protocol.name, "version": protocol.version,
+                         "hash": protocol.hash},
+            "run_name": spec.run_name, "seed": spec.seed, "harness_version": record.harness_version,
+            "git_commit": environment.get("git_commit"),
+            "backbone_weights": record.backbone_weights,
+            "test_metric": {select_by: (record.metrics or {}).get(select_by)},
+        },
+    }  # fmt: skip
+    return keep_model(protocol, model.backbone, model.method.head,
+                      in_channels=model.backbone.in_channels, weights=ctx.weights, meta=meta)  # fmt: skip
 
 
 def _saved(

@@ -52,6 +52,8 @@ class RunSpec:
     tuning: dict[str, Any] | None = field(default=None, hash=False)
     # `run --save-embeddings`: the test embeddings, labels and flags beside the result
     save_embeddings: bool = False
+    # `run --save-model`: the whole embedding network beside the result (harness.deploy)
+    save_model: bool = False
     # `run --tracker`: where the run also reports as it trains; not part of the run's
     # identity (harness.sweep.identity): a tracked and an untracked run are the same run
     tracking: TrackerConfig = field(default=NO_TRACKING, compare=False)

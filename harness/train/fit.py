@@ -10,7 +10,7 @@ import numpy as np
 
 from harness.core import RunContext
 from harness.data import LabelledImages, contiguous
-from harness.evaluate import selection_score
+from harness.evaluate import check_rerank, selection_score
 from harness.train.loop import NO_HOOKS, EpochHooks, train
 from harness.train.model import Model, build_model
 from harness.train.state import Checkpoint, TrainStats
@@ -38,6 +38,7 @@ def train_model(
         num_classes=len(np.unique(labels)),
         num_coarse_classes=len(data.coarse_names) if data.coarse_names else None,
     )  # fmt: skip
+    check_rerank(model.method, ctx.protocol)  # before a step is trained
     validate = None
     if validation_idx is not None and len(validation_idx):
         val_images, val_labels = data.images[validation_idx], data.labels[validation_idx]

@@ -1,0 +1,110 @@
+"""Photos from a folder as a kept model's input: found, decoded and preprocessed exactly as the
+run's evaluation preprocessed its test photos (harness.deploy.model.preprocessing), then
+embedded in batches with a progress bar. A file that cannot be decoded is skipped and
+reported, never the end of a long job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from harness.core import HarnessError, OpSpec
+from harness.data.augment import apply_op
+from harness.data.lazy import decode
+from harness.deploy.model import LoadedModel
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+BATCH = 32
+
+
+def image_files(folder: Path) -> list[str]:
+    """The image files under `folder` (by suffix, any case; hidden files and folders left
+    out), as sorted POSIX paths relative to it: the catalogue's rows, in a fixed order."""
+    if not folder.is_dir():
+        raise HarnessError(f"--images {folder} is not a folder; give the folder of photos")
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            if not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES):
+                found.append(Path(root, name).relative_to(folder).as_posix())
+    return sorted(found)
+
+
+def preprocess(path: Path | str, preprocessing: dict[str, Any]) -> torch.Tensor:
+    """One photo as the network's input, uint8 [C, S, S]: decoded to RGB, resized to the
+    load size, then the test ops. A HarnessError naming the file if it cannot be decoded."""
+    try:
+        pixels = decode(path, int(preprocessing["load_size"]))
+    except HarnessError:
+        raise HarnessError(f"cannot decode {path}: not an image, or a corrupt or truncated "
+                           "one") from None  # fmt: skip
+    image = torch.from_numpy(np.ascontiguousarray(pixels))
+    for op in preprocessing["test_ops"]:
+        image = apply_op(image, OpSpec(**op))
+    size = int(preprocessing["input"]["size"])
+    if tuple(image.shape[-2:]) != (size, size):
+        raise HarnessError(f"{path}: preprocessed to {tuple(image.shape[-2:])}, not the "
+                           f"model's {size} x {size}; the model's test ops do not end at its "
+                           "input size")  # fmt: skip
+    return image
+
+
+@dataclass
+class Embedded:
+    """A folder's photos embedded: the files that were (in order) with their vectors, and
+    those that could not be decoded, with why."""
+
+    files: list[str]
+    vectors: np.ndarray
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+
+@torch.no_grad()
+def embed_files(
+    model: LoadedModel, folder: Path, files: list[str], *, progress: bool = True,
+    device: torch.device | None = None,
+) -> Embedded:  # fmt: skip
+    """Embed `files` (relative to `folder`) with the model, BATCH at a time, on `device`
+    (default: the CPU); undecodable files are skipped and listed in `failed`."""
+    device = device or torch.device("cpu")
+    embedder = model.embedder.to(device).eval()
+    kept: list[str] = []
+    chunks: list[np.ndarray] = []
+    failed: list[tuple[str, str]] = []
+    bar = tqdm(total=len(files), desc="embedding", unit="img", disable=not progress)
+    for start in range(0, len(files), BATCH):
+        batch, names = [], []
+        for name in files[start : start + BATCH]:
+            try:
+                batch.append(preprocess(folder / name, model.preprocessing))
+                names.append(name)
+            except HarnessError as exc:
+                failed.append((name, str(exc)))
+        if batch:
+            chunks.append(embedder(torch.stack(batch).to(device)).cpu().numpy())
+            kept += names
+        bar.update(len(files[start : start + BATCH]))
+    bar.close()
+    dim = int(model.meta["embedding_dim"])
+    vectors = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
+    return Embedded(kept, np.ascontiguousarray(vectors, dtype=np.float32), failed)
+
+
+def report_failed(failed: list[tuple[str, str]], shown: int = 3) -> None:
+    """One warning for every file that could not be decoded, naming the first few."""
+    if failed:
+        names = ", ".join(name for name, _ in failed[:shown])
+        more = f" and {len(failed) - shown} more" if len(failed) > shown else ""
+        log.warning("skipped %d file(s) that could not be decoded: %s%s", len(failed), names,
+                    more)  # fmt: skip

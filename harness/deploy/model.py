@@ -1,0 +1,202 @@
+"""A trained embedding network kept for use (`run --save-model`): the whole network that embeds
+raw photos, its preprocessing and its provenance, in one file beside the run's result.
+
+Under a frozen, cached trunk (protocol `features:`) a run trains only the stages after the
+trunk and the head, on the trunk's cached outputs; the kept network is the whole backbone
+again: the frozen trunk's ImageNet weights with the trained tail and head, so that it embeds
+photos, not cached features. The file is a torch.save of plain data (tensors, strings,
+numbers), read back with `weights_only=True`: loading it never runs code. Its weights' sha256
+(`weights_sha256`) is over the tensors themselves, so an index (harness.deploy.catalogue)
+knows the model it was made with whatever file holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.backbones import Backbone, FrozenTrunkTail, build_backbone
+from harness.core import METHODS, BackboneSpec, HarnessError, MethodContext, Protocol, load_methods
+from harness.records import write_bytes_atomic
+
+FORMAT = "dml-harness embedding model"
+VERSION = 1
+
+
+class Embedder(nn.Module):
+    """The network a kept model is: uint8 RGB images [N, C, S, S] (after the preprocessing's
+    resize and test crop) -> the retrieval embeddings [N, D], float32. The normalisation
+    (scale to [0, 1], ImageNet mean and std) is inside, as in training."""
+
+    def __init__(self, backbone: Backbone, head: nn.Module) -> None:
+        super().__init__()
+        self.backbone, self.head = backbone, head
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(self.backbone.prepare(images))).embedding.float()
+
+
+@dataclass
+class KeptModel:
+    """What the model file holds: `meta` (plain data: format, backbone, method, context,
+    preprocessing, provenance, weights_sha256) and the tensors (`backbone.*`, `head.*`)."""
+
+    meta: dict[str, Any]
+    state: dict[str, torch.Tensor]
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({"meta": self.meta, "state": self.state}, buffer)
+        return buffer.getvalue()
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    """The sha256 of the tensors (names, dtypes, shapes and values, in name order)."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def preprocessing(protocol: Protocol, backbone: Backbone) -> dict[str, Any]:
+    """How a photo becomes the network's input, as the run's evaluation made it: decoded to
+    RGB, resized to load_size x load_size (PIL bilinear, aspect not kept; 0: its own size),
+    then the protocol's test ops (e.g. center_crop 224); uint8, NCHW. The mean and std are
+    applied inside the network and recorded for reference."""
+    ops = [{k: v for k, v in dataclasses.asdict(op).items() if k in ("op", "size")}
+           | ({"interpolation": op.interpolation} if op.op.startswith("resize") else {})
+           for op in protocol.augmentation.test]  # fmt: skip
+    return {
+        "decode": "RGB (PIL; 16-bit images scaled to 8 bits)",
+        "load_size": protocol.load_size,
+        "resize": "PIL bilinear to load_size x load_size, aspect not kept (0: not resized)",
+        "test_ops": ops,
+        "input": {
+            "dtype": "uint8",
+            "layout": "NCHW",
+            "channels": backbone.in_channels,
+            "size": protocol.backbone.input_size,
+        },  # fmt: skip
+        "inside_the_network": {
+            "scale": "1/255",
+            "mean": backbone.mean.flatten().tolist(),
+            "std": backbone.std.flatten().tolist(),
+        },  # fmt: skip
+    }
+
+
+def whole_backbone(
+    protocol: Protocol, backbone: Backbone, weights: str | None, in_channels: int
+) -> Backbone:
+    """The backbone that embeds photos: `backbone` itself, or, for the stages after a frozen
+    trunk, the protocol's whole backbone (its starting weights) with the trained tail's
+    stages loaded into it."""
+    if not isinstance(backbone, FrozenTrunkTail):
+        return backbone
+    spec = protocol.backbone
+    if weights:
+        spec = dataclasses.replace(spec, weights_file=weights)
+    whole = build_backbone(spec, in_channels)
+    for i, stage in enumerate(backbone.stages):
+        whole.stages[backbone.frozen_stages + i].load_state_dict(stage.state_dict())
+    return whole.to(backbone.mean.device)
+
+
+def keep_model(
+    protocol: Protocol, backbone: Backbone, head: nn.Module, *, in_channels: int,
+    weights: str | None, meta: dict[str, Any],
+) -> KeptModel:  # fmt: skip
+    """A finished run's network as a KeptModel; `meta` holds the method (name, version,
+    hyperparameters), its MethodContext fields and the run's provenance."""
+    whole = whole_backbone(protocol, backbone, weights, in_channels)
+    state = {f"backbone.{k}": v.detach().cpu().contiguous().clone()
+             for k, v in whole.state_dict().items()}  # fmt: skip
+    state |= {f"head.{k}": v.detach().cpu().contiguous().clone()
+              for k, v in head.state_dict().items()}  # fmt: skip
+    spec = dataclasses.asdict(protocol.backbone) | {"pretrained": "none", "weights_file": ""}
+    full = {"format": FORMAT, "version": VERSION, "backbone": spec, "in_channels": in_channels,
+            "embedding_dim": protocol.embedding_dim,
+            "preprocessing": preprocessing(protocol, whole), **meta,
+            "weights_sha256": state_sha256(state)}  # fmt: skip
+    return KeptModel(full, state)
+
+
+def write_model(path: Path, kept: KeptModel) -> dict[str, Any]:
+    """Write the model file atomically; returns what the run's result records of it."""
+    data = kept.to_bytes()
+    write_bytes_atomic(path, data)
+    return {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+            "weights_sha256": kept.meta["weights_sha256"]}  # fmt: skip
+
+
+@dataclass
+class LoadedModel:
+    """A model file read back: the network (eval mode, on the CPU) and its meta."""
+
+    embedder: Embedder
+    meta: dict[str, Any]
+    path: Path
+
+    @property
+    def weights_sha256(self) -> str:
+        return str(self.meta["weights_sha256"])
+
+    @property
+    def preprocessing(self) -> dict[str, Any]:
+        return dict(self.meta["preprocessing"])
+
+
+def read_model(path: Path) -> KeptModel:
+    """The model file at `path`, checked: ours, complete and its tensors as recorded."""
+    not_ours = f"{path} is not a model saved by `run --save-model`"
+    if not path.is_file():
+        raise HarnessError(f"model file {path} does not exist; save one with `run ... "
+                           "--save-model` (it is written beside the run's seed<k>.json)")  # fmt: skip
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated zip, a pickle of other objects, a text file
+        raise HarnessError(f"{not_ours}, or it is truncated ({type(exc).__name__}); save it "
+                           "again with `run ... --save-model --force`") from None  # fmt: skip
+    meta = data.get("meta") if isinstance(data, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise HarnessError(f"{not_ours} (no `{FORMAT}` header)")
+    if meta.get("version") != VERSION:
+        raise HarnessError(f"{path} is a format-{meta.get('version')} model; this harness "
+                           f"reads format {VERSION}: save it again with this version")  # fmt: skip
+    state = data.get("state")
+    if not isinstance(state, dict) or state_sha256(state) != meta.get("weights_sha256"):
+        raise HarnessError(f"{path}: its tensors do not match the sha256 it records (damaged "
+                           "file); save it again with `run ... --save-model --force`")  # fmt: skip
+    return KeptModel(meta, state)
+
+
+def load_model(path: Path | str) -> LoadedModel:
+    """The network of a model file (checked as read_model does), rebuilt and loaded."""
+    path = Path(path)
+    kept = read_model(path)
+    meta = kept.meta
+    load_methods()
+    method_spec = METHODS.get(meta["method"]["name"])
+    context = MethodContext(
+        **{**meta["context"], "stage_dims": tuple(meta["context"]["stage_dims"])}
+    )
+    method = method_spec.build(context, **meta["method"]["hyperparameters"])
+    backbone = build_backbone(BackboneSpec(**meta["backbone"]), int(meta["in_channels"]))
+    for prefix, module in (("backbone.", backbone), ("head.", method.head)):
+        part = {k[len(prefix) :]: v for k, v in kept.state.items() if k.startswith(prefix)}
+        try:
+            module.load_state_dict(part, strict=True)
+        except RuntimeError as exc:
+            raise HarnessError(f"{path}: its {prefix[:-1]} does not fit {meta['method']['name']}"
+                               f" ({str(exc).splitlines()[0]})") from None  # fmt: skip
+    embedder = Embedder(backbone, method.head).eval()
+    return LoadedModel(embedder, meta, path)
