@@ -64,9 +64,10 @@ class Catalogue:
     rows: Rows
     index: VectorIndex
 
-    def paths_of(self, ids: np.ndarray) -> list[str | None]:
-        where = {int(i): n for n, i in enumerate(self.rows.ids.tolist())}
-        return [self.rows.paths[where[int(i)]] if int(i) in where else None for i in ids]
+    def paths_of(self, ids: np.ndarray) -> list[list[str | None]]:
+        """The paths of an [n, k] array of ids (None for -1: fewer than k found)."""
+        where = dict(zip(self.rows.ids.tolist(), self.rows.paths, strict=True))
+        return [[where.get(int(i)) for i in row] for row in ids]
 
 
 def read_catalogue(folder: Path) -> Catalogue:
@@ -274,7 +275,7 @@ def search(
     every query decodable, before anything is searched)."""
     import torch
 
-    from harness.deploy.images import preprocess
+    from harness.deploy.images import BATCH, preprocess
 
     check_model(catalogue.header, model, catalogue.folder)
     if k < 1:
@@ -284,12 +285,13 @@ def search(
         if not Path(query).is_file():
             raise HarnessError(f"query image {query} does not exist")
         batch.append(preprocess(query, model.preprocessing))
+    embedder = model.embedder.eval()
     with torch.no_grad():
-        embedded = model.embedder.eval()(torch.stack(batch)).numpy()
+        embedded = np.concatenate([embedder(torch.stack(batch[s : s + BATCH])).numpy()
+                                   for s in range(0, len(batch), BATCH)])  # fmt: skip
     distances, ids = catalogue.index.search(np.ascontiguousarray(embedded), k)
     out = []
-    for row_d, row_i in zip(distances, ids, strict=True):
-        paths = catalogue.paths_of(row_i)
+    for row_d, paths in zip(distances, catalogue.paths_of(ids), strict=True):
         out.append([Hit(r + 1, p, float(np.sqrt(max(d, 0.0)))) for r, (p, d) in
                     enumerate(zip(paths, row_d.tolist(), strict=True)) if p is not None])  # fmt: skip
     return out

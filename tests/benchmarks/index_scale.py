@@ -11,9 +11,9 @@ centre plus Gaussian noise (``--noise`` times the centres' scale, 1.5 as in
 bench_evaluation.py's "like a trained embedding's test split"), its i-th direction scaled so
 that its variance goes as i ** -``--spectrum``, randomly rotated, L2-normalised, from a fixed
 seed. Trained embeddings are not isotropic: the harness's 512-d ones (birds and cars, 5
-methods each) hold 90 % of their variance in 165-192 principal directions and half in 15-35;
-spectrum 1.0 gives 206 and 19 (0, isotropic, 380 and 113: the hard case for any approximate
-index). The queries come from the same centres and are not in the catalogue. Each
+methods each) hold 90 % of their variance in 121-192 principal directions and half in 7-35;
+spectrum 1.0 gives about 210 and 19 (0, isotropic: about 400 and 120, the hard case for any
+approximate index). The queries come from the same centres and are not in the catalogue. Each
 kind is built from the same vectors under ids 0..n-1 (harness.deploy.build_index), then:
 
 * build seconds: ``build_index`` (IVF-PQ's training included);
