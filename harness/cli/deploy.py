@@ -15,10 +15,16 @@ from typing import Any
 
 from harness.cli.argtypes import positive_int
 from harness.core import HarnessError, program_name, resolve_device
-from harness.deploy.catalogue import Hit, build_or_update, read_catalogue, search
-from harness.deploy.export import FORMATS, export_model
-from harness.deploy.model import load_model
-from harness.deploy.vectors import KINDS
+from harness.deploy import (
+    FORMATS,
+    KINDS,
+    Hit,
+    build_or_update,
+    export_model,
+    load_model,
+    read_catalogue,
+    search,
+)
 from harness.records import model_path
 
 

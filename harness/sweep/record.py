@@ -14,7 +14,7 @@ import harness
 from harness.backbones import starting_weights
 from harness.core import MethodSpec, Protocol, RunContext
 from harness.data import LabelledImages, Split
-from harness.deploy.model import KeptModel, write_model
+from harness.deploy import KeptModel, write_model
 from harness.evaluate import Evaluation, SavedEmbeddings, retrieval_record, write_embeddings
 from harness.records import (
     DatasetInfo,

@@ -28,7 +28,7 @@ from harness.data import (
     on_device,
     prepare_data,
 )
-from harness.deploy.model import KeptModel, keep_model
+from harness.deploy import KeptModel, keep_model
 from harness.evaluate import (
     Evaluation,
     SavedEmbeddings,
