@@ -311,3 +311,12 @@ def test_rerank_scores_saved_runs_and_resumes(kept, tmp_path, capsys):
         assert evaluated[name] == pytest.approx(value, abs=1e-12), name
     assert "## tiny_photos (v1, hash " in (out / "RERANKING.md").read_text()
     assert main(argv) == 0 and capsys.readouterr().out.startswith("0 run(s) scored")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_embeds_photos_as_the_cpu_does(kept):
+    files = image_files(kept["photos"])
+    cpu = embed_files(load_model(kept["model"]), kept["photos"], files, progress=False)
+    gpu = embed_files(load_model(kept["model"]), kept["photos"], files, progress=False,
+                      device=torch.device("cuda"))  # fmt: skip
+    assert gpu.files == cpu.files and cosine_gap(gpu.vectors, cpu.vectors) < 1e-4
