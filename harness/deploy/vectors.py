@@ -263,7 +263,10 @@ class VectorIndex:
             # HNSW keeps ef_search candidates: fewer than k would cut the list short.
             params = faiss.SearchParametersHNSW()
             params.efSearch = int(k)
-        distances, found = self.index.search(queries, int(k), params=params)
+        # faiss.contrib.torch_utils (which pytorch-metric-learning imports) replaces every
+        # index's search with one that takes no `params`; faiss's own stays as search_numpy
+        search = getattr(self.index, "search_numpy", self.index.search)
+        distances, found = search(queries, int(k), params=params)
         distances[found < 0] = np.inf
         return distances, found
 
