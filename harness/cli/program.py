@@ -51,6 +51,8 @@ def _configure_logging(args: argparse.Namespace) -> None:
         for name in ("harness", "methods"):
             logging.getLogger(name).setLevel(logging.DEBUG)
     logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs CPU probing at INFO
+    for name in ("onnxscript", "onnx_ir", "torch.onnx"):  # `export`: each graph rewrite at INFO
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
