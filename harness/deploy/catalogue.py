@@ -16,6 +16,7 @@ same model holds the same rows, vectors and ids, wherever it is made on one mach
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -232,10 +233,11 @@ def _write(
     next_id: int,
 ) -> None:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(out / ROWS, rows.tsv())
-    buffer = _npy(rows.vectors)
-    write_bytes_atomic(out / VECTORS, buffer)
+    written = {ROWS: rows.tsv(), VECTORS: _npy(rows.vectors)}
+    for name, data in written.items():
+        write_bytes_atomic(out / name, data)
     index.save(out / INDEX)
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in written.items()}
     header = {
         "format": FORMAT, "version": VERSION,
         "model": {"path": str(model.path.resolve()), "weights_sha256": model.weights_sha256,
@@ -243,7 +245,7 @@ def _write(
                   "protocol": model.meta["provenance"]["protocol"]},
         "folder": str(images), "index": str(spec), "dimension": int(rows.vectors.shape[1]),
         "count": len(rows.paths), "next_id": next_id,
-        "sha256": {name: file_sha256(out / name) for name in (ROWS, VECTORS, INDEX)},
+        "sha256": {**digests, INDEX: file_sha256(out / INDEX)},  # the bytes in hand: not re-read
         "harness_version": harness.__version__,
         "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }  # fmt: skip

@@ -155,7 +155,6 @@ def _kept(spec: RunSpec, ctx: RunContext, model: Model, record: RunResult) -> Ke
     head, with the method, its context and the run's provenance."""
     protocol = ctx.protocol
     select_by = protocol.evaluation.select_by
-    environment = record.environment.to_json() if record.environment else {}
     meta = {
         "method": {"name": spec.method, "version": record.method.version,
                    "hyperparameters": dict(spec.hyperparameters or {})},
@@ -165,7 +164,7 @@ def _kept(spec: RunSpec, ctx: RunContext, model: Model, record: RunResult) -> Ke
             "protocol": {"name": protocol.name, "version": protocol.version,
                          "hash": protocol.hash},
             "run_name": spec.run_name, "seed": spec.seed, "harness_version": record.harness_version,
-            "git_commit": environment.get("git_commit"),
+            "git_commit": record.environment.git_commit if record.environment else None,
             "backbone_weights": record.backbone_weights,
             "test_metric": {select_by: (record.metrics or {}).get(select_by)},
         },
