@@ -85,6 +85,7 @@ def test_wheel_carries_every_module_and_protocol(wheel: Path):
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     sources = [p for d in ("harness", "methods") for p in (REPO / d).rglob("*.py")]
     sources += list((REPO / "protocols").rglob("*.yaml"))
+    sources += list((REPO / "harness" / "data" / "manifests").iterdir())
     missing = sorted(_wheel_name(p) for p in sources if _wheel_name(p) not in names)
     assert not missing, f"not in the wheel (add the package to pyproject.toml): {missing}"
     assert "harness/protocols/reference/paper_results.yaml" in names

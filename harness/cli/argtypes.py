@@ -55,6 +55,16 @@ def add_plugin_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_fetch_option(parser: argparse.ArgumentParser) -> None:
+    """`--fetch`: the commands that read a real-photo dataset build it from its source when it
+    is missing (as `data fetch NAME` does; the same as DML_HARNESS_FETCH=1)."""
+    parser.add_argument(
+        "--fetch", action="store_true",
+        help="a real-photo dataset that is not on this machine is fetched from its public "
+        "source first (printing its terms; the same as DML_HARNESS_FETCH=1)",
+    )  # fmt: skip
+
+
 def add_tracker_options(parser: argparse.ArgumentParser) -> None:
     """`--tracker` and `--tracker-uri`: the commands that train take them (run, tune)."""
     parser.add_argument(

@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from harness.cli.argtypes import add_plugin_option, positive_int
+from harness.cli.argtypes import add_fetch_option, add_plugin_option, positive_int
 from harness.core import HarnessError, load_methods
 
 
@@ -40,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --update: how many seeds (0..N-1) the baseline records (default 20)",
     )  # fmt: skip
     add_plugin_option(ck)
+    add_fetch_option(ck)
     ck.set_defaults(handler=cmd_check)
 
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.cli.argtypes import add_plugin_option, positive_int
+from harness.cli.argtypes import add_fetch_option, add_plugin_option, positive_int
 from harness.core import METHODS, HarnessError, load_methods, load_protocol, resolve_device
 from harness.cost import (
     DEFAULT_BATCH_SIZES,
@@ -85,6 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       "torchvision on the device (nvJPEG on CUDA; the workers only read them)")  # fmt: skip
     cost.add_argument("--json", action="store_true", help="print the per-method list as JSON")
     add_plugin_option(cost)
+    add_fetch_option(cost)
     cost.set_defaults(handler=cmd_cost)
     return cost
 

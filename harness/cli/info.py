@@ -1,7 +1,7 @@
 """The small commands: `ls` (methods, protocols, datasets), `evaluate` (score embeddings you
 bring or a run saved; its own module, harness.cli.evaluate), `leaderboard` (regenerate it
 from results), `validate` (check protocol files as `run` does) and `data` (verify or fetch
-the papers' datasets)."""
+datasets; its own module, harness.cli.data)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from harness.cli import evaluate
+from harness.cli import data, evaluate
 from harness.cli.argtypes import add_plugin_option
-from harness.cli.parsing import SubcommandParser
 from harness.core import (
     METHODS,
     PROTOCOL_DIR,
@@ -26,7 +25,7 @@ from harness.core import (
     load_protocol,
     protocol_names,
 )
-from harness.data import DATASETS, download, verify, verify_own
+from harness.data import DATASETS
 from harness.sweep import check_protocol
 
 log = logging.getLogger("harness")
@@ -50,49 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     val.add_argument("paths", nargs="*", help="default: every shipped protocol")
     add_plugin_option(val)
     val.set_defaults(handler=cmd_validate)
-    _add_data_parser(sub)
-
-
-def _add_data_parser(sub: argparse._SubParsersAction) -> None:
-    """`data verify` (the papers' datasets and the ones you bring) and `data download`."""
-    names = ["cub200", "cars196", "sop", "inshop", "vehicleid"]
-    data = sub.add_parser("data", help="check datasets on disk (or fetch the papers')")
-    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=SubcommandParser)
-    verify = dsub.add_parser("verify", help="check a paper dataset against the published counts, "
-                             "or your folder / csv dataset against what a run needs")  # fmt: skip
-    verify.add_argument("--dataset", required=True, choices=[*names, *OWN])
-    verify.add_argument("--data-root", required=True, type=Path)
-    verify.add_argument("--quick", action="store_true", help="check files exist, do not decode")
-    verify.add_argument("--protocol", help="folder / csv: the protocol to check against (its "
-                        "sampler's K and its dataset.params; default: the default protocol's K)")  # fmt: skip
-    download = dsub.add_parser("download", help="fetch a dataset that has a public URL")
-    download.add_argument("--dataset", required=True, choices=names)
-    download.add_argument("--data-root", required=True, type=Path)
-    data.set_defaults(handler=cmd_data)
-
-
-OWN = ("folder", "csv")  # the datasets you bring without code
-
-
-def cmd_data(args: argparse.Namespace) -> int:
-    if args.data_command == "download":
-        print(f"saved {download(args.dataset, args.data_root)}")
-        args.quick, args.protocol = True, None  # then check what was extracted
-
-    if not args.data_root.is_dir():  # a typo, not a dataset that fails its counts (exit 1)
-        raise HarnessError(f"--data-root {args.data_root} is not a directory; pass the folder "
-                           f"that holds {args.dataset}")  # fmt: skip
-    if args.dataset in OWN:
-        protocol = load_protocol(args.protocol or "default")
-        params = protocol.dataset.params if protocol.dataset.name == args.dataset else {}
-        k = protocol.sampler.images_per_class
-        ok, report = verify_own(args.dataset, args.data_root, k, params, decode=not args.quick)
-    else:
-        if args.protocol:
-            raise HarnessError("--protocol applies to --dataset folder or csv only: drop it")
-        ok, report = verify(args.dataset, args.data_root, decode=not args.quick)
-    print(report)
-    return 0 if ok else 1
+    data.add_parser(sub)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

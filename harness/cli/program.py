@@ -17,6 +17,7 @@ from harness import __version__
 from harness.cli import check, compare, cost, deploy, info, report, rerank, run, show, tune
 from harness.cli.parsing import SubcommandParser, add_global_options, top_parser
 from harness.core import HarnessError, plugins_loaded
+from harness.data.photo_sets import FETCH_ENV
 
 # in the order `--help` lists them
 COMMAND_MODULES = (run, info, show, report, cost, check, compare, tune, deploy, rerank)
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: -q and -v contradict each other: give one of them", file=sys.stderr)
         return 2
     _configure_logging(args)
+    if getattr(args, "fetch", False):  # read in the worker processes too
+        os.environ[FETCH_ENV] = "1"
     try:
         with plugins_loaded(getattr(args, "plugin", None) or []):
             return args.handler(args)

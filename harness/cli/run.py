@@ -19,6 +19,7 @@ from pathlib import Path
 import torch.distributed
 
 from harness.cli.argtypes import (
+    add_fetch_option,
     add_plugin_option,
     add_tracker_options,
     nonnegative_int,
@@ -99,6 +100,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="with --engine ray: GPUs per task (default 0)")  # fmt: skip
     add_tracker_options(run)
     add_plugin_option(run)
+    add_fetch_option(run)
     run.set_defaults(handler=cmd_run)
 
 

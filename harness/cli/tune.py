@@ -6,7 +6,12 @@ from typing import Any
 
 import yaml
 
-from harness.cli.argtypes import add_plugin_option, add_tracker_options, positive_int
+from harness.cli.argtypes import (
+    add_fetch_option,
+    add_plugin_option,
+    add_tracker_options,
+    positive_int,
+)
 from harness.cli.run import terminate
 from harness.core import METHODS, load_methods
 from harness.records import tracking_config
@@ -40,6 +45,7 @@ def add_parser(sub: Any) -> None:
                     help="with --engine ray: GPUs per trial")  # fmt: skip
     add_tracker_options(tn)
     add_plugin_option(tn)
+    add_fetch_option(tn)
     tn.set_defaults(handler=cmd_tune)
 
     cal = sub.add_parser("calibrate", help="choose a protocol's settings on validation classes "
@@ -50,6 +56,7 @@ def add_parser(sub: Any) -> None:
     cal.add_argument("--data-root", help="folder holding the dataset's files")
     cal.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     cal.add_argument("--max-steps", type=positive_int, help="cap each run's steps (smoke)")
+    add_fetch_option(cal)
     cal.set_defaults(handler=cmd_calibrate)
 
 

@@ -49,6 +49,7 @@ from harness.core.paths import (
     PROTOCOL_DIR,
     REFERENCE_FILE,
     default_cache_dir,
+    default_data_dir,
     file_sha256,
     source_tree,
 )
@@ -157,6 +158,7 @@ __all__ = [
     "current",
     "dataset_counts",
     "default_cache_dir",
+    "default_data_dir",
     "file_sha256",
     "euclidean_score",
     "family_of",

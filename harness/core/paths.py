@@ -40,6 +40,15 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("DML_HARNESS_CACHE", Path.home() / ".cache" / "dml-harness"))
 
 
+def default_data_dir() -> Path:
+    """Where `data fetch` puts datasets by default: $DML_HARNESS_DATA, else
+    $XDG_DATA_HOME/dml-harness, else ~/.local/share/dml-harness (one folder per dataset)."""
+    if os.environ.get("DML_HARNESS_DATA"):
+        return Path(os.environ["DML_HARNESS_DATA"]).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "dml-harness"
+
+
 def file_sha256(path: Path | str) -> str:
     """The sha256 of a file's bytes, read in 1 MiB chunks (weights files, archives)."""
     digest = hashlib.sha256()

@@ -34,6 +34,8 @@ class LabelledImages:
     files: each image's file, relative to the dataset's root (POSIX separators; an in-archive
       path for images decoded from a zip), or None when the images are not read from files
       (rendered glyphs); `run --save-embeddings` writes the test rows' files to paths.txt.
+    provenance: how the files were built when they are not the published bytes (a real-photo
+      dataset rebuilt with another Pillow; harness.data.photo_sets), else None.
     """
 
     images: torch.Tensor | LazyImages
@@ -45,6 +47,7 @@ class LabelledImages:
     partition: np.ndarray | None = None
     fixed_split: bool = False
     files: tuple[str, ...] | None = None
+    provenance: dict | None = None
 
     def __post_init__(self) -> None:
         n = len(self.labels)
@@ -84,6 +87,7 @@ class LabelledImages:
             partition=None if self.partition is None else self.partition[idx],
             fixed_split=self.fixed_split,
             files=None if self.files is None else tuple(self.files[i] for i in idx),
+            provenance=self.provenance,
         )
 
 

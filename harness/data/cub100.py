@@ -1,8 +1,10 @@
 """cub100: 5,902 photos of 100 bird species of CUB-200-2011, cropped to the bird, 227 x 227.
 
-Reads `cub100.zip` (sha256 CUB100_SHA256) from --data-root, by default `../shared/data/cub100`
-beside this clone. The archive holds `bird_dataset/` as the public GitHub repository
-serizba/vision publishes it (path ex03/task2/bird_dataset): `images/<Species>/<NNNN>.jpg`
+Reads `cub100.zip`, any zip of the same files, or the extracted `bird_dataset/` from
+--data-root, by default `../shared/data/cub100` beside this clone, then the user data folder
+where `python -m harness data fetch cub100` builds it; each file is checked against the
+shipped manifest (harness.data.photo_sets). The data is `bird_dataset/` as the public GitHub
+repository serizba/vision publishes it (path ex03/task2/bird_dataset): `images/<Species>/<NNNN>.jpg`
 and CUB's index files, comma-separated and numbered from 0 (`classes.txt`, `images.txt`,
 `image_class_labels.txt`). Its `train_test_split.txt` splits within classes (classification)
 and is not used: class names carry CUB's class order as a zero-padded prefix
@@ -20,57 +22,25 @@ Every photo is decoded once into memory (uint8, 0.9 GB for all of them): all are
 from __future__ import annotations
 
 import io
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from harness.core import HarnessError, file_sha256
-from harness.core.paths import PROTOCOL_DIR
+from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
+from harness.data.photo_sets import DataFiles, describe, open_data
 
-ARCHIVE = "cub100.zip"
-CUB100_SHA256 = "483798f945ad93a5be92ef60ee4369440e1352dcb1e0e7775f6ecd22bfa5b297"
 FOLDER = "bird_dataset"
 SIZE = 227
-# the clone's sibling shared/data/cub100 (PROTOCOL_DIR is <clone>/protocols)
-DEFAULT_ROOT = PROTOCOL_DIR.parent.parent / "shared" / "data" / "cub100"
 NIGHTJARS = ("Chuck_will_Widow", "Whip_poor_Will")  # whose last word names no kind of bird
-HOW_TO_GET = (
-    f"{ARCHIVE} is bird_dataset/ of the public GitHub repository serizba/vision (path "
-    "ex03/task2/bird_dataset, commit 16a8a47) zipped: `git clone https://github.com/serizba/"
-    f"vision && cd vision/ex03/task2 && zip -qr {ARCHIVE} bird_dataset`, then pass "
-    "--data-root with the folder holding it"
-)
 
 
-def find_archive(data_root: Path | None) -> Path:
-    """The archive under data_root (default DEFAULT_ROOT), or a one-line error saying how to
-    get it."""
-    root = Path(data_root) if data_root is not None else DEFAULT_ROOT
-    where = "--data-root" if data_root is not None else "the default data root"
-    path = root / ARCHIVE
-    if not path.is_file():
-        raise HarnessError(f"cub100: no {ARCHIVE} in {where} {root}; {HOW_TO_GET}")
-    return path
-
-
-def check_archive(path: Path) -> None:
-    """The archive must be the published one: a truncated or other file is refused."""
-    found = file_sha256(path)
-    if found != CUB100_SHA256:
-        raise HarnessError(
-            f"cub100: {path} has sha256 {found[:16]}..., not the published "
-            f"{CUB100_SHA256[:16]}... (truncated, or another file); {HOW_TO_GET}"
-        )
-
-
-def _index(archive: zipfile.ZipFile, name: str) -> dict[int, str]:
+def _index(archive: DataFiles, name: str) -> dict[int, str]:
     try:
         text = archive.read(f"{FOLDER}/{name}").decode("utf-8")
     except KeyError:
-        raise HarnessError(f"cub100: the archive has no {FOLDER}/{name}; {HOW_TO_GET}") from None
+        raise HarnessError(f"cub100: {archive.path} has no {FOLDER}/{name}") from None
     rows = {}
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
@@ -108,15 +78,14 @@ def kind(species: str) -> str:
     return "Nightjar" if species in NIGHTJARS else species.split("_")[-1]
 
 
-@register_dataset("cub100")  # --data-root is optional: DEFAULT_ROOT
+@register_dataset("cub100")  # --data-root is optional: harness.data.photo_sets.open_data
 def build(data_root: Path | None, cache_dir: Path, classes: int = 100) -> LabelledImages:
     """The 100 species in CUB's class order (see the module docstring), or its first
     `classes` species (a small photo protocol: `harness check --protocol photo_regression`)."""
     if not 4 <= int(classes) <= 100:
         raise HarnessError(f"cub100: dataset.params.classes must be 4..100, got {classes}")
-    path = find_archive(data_root)
-    check_archive(path)
-    with zipfile.ZipFile(path) as archive:
+    with open_data("cub100", data_root) as archive:
+        path = archive.path
         all_classes, files = _index(archive, "classes.txt"), _index(archive, "images.txt")
         label_of = _index(archive, "image_class_labels.txt")
         classes = {c: all_classes[c] for c in sorted(all_classes)[: int(classes)]}
@@ -127,7 +96,7 @@ def build(data_root: Path | None, cache_dir: Path, classes: int = 100) -> Labell
             try:
                 data = archive.read(member)
             except KeyError:
-                raise HarnessError(f"cub100: images.txt names {member}, which the archive "
+                raise HarnessError(f"cub100: images.txt names {member}, which {path} "
                                    "does not hold") from None  # fmt: skip
             images[row] = _decode(data, f"{path}:{member}")
     order = {c: n for n, c in enumerate(sorted(classes))}
@@ -147,5 +116,7 @@ def build(data_root: Path | None, cache_dir: Path, classes: int = 100) -> Labell
         coarse_labels=coarse_of[labels],
         coarse_names=coarse_names,
         files=tuple(f"{FOLDER}/images/{files[i]}" for i in ids),  # inside the archive
-        source=f"cub100 from {path} ({len(names)} species, {len(ids)} photos, cropped, {SIZE} px)",
+        source=f"cub100 from {path} ({len(names)} species, {len(ids)} photos, cropped, {SIZE} px)"
+        + describe(archive),
+        provenance=None if archive.provenance.get("exact", True) else archive.provenance,
     )

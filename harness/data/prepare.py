@@ -22,6 +22,7 @@ from harness.core import (
     keyword_names,
     registered,
 )
+from harness.data import photo_sets
 from harness.data.base import DATASETS, LabelledImages, needs_data_root
 from harness.data.sampler import check_fills_batches
 from harness.data.splits import Split, split_classes
@@ -123,13 +124,16 @@ def check_dataset(protocol: Protocol) -> Callable[..., Any]:
 
 
 def check_data_root(protocol: Protocol, data_root: str | None) -> None:
-    """Before any run: a dataset read from disk has a --data-root, and it is a directory."""
+    """Before any run: a dataset read from disk has a --data-root, and it is a directory; a
+    real-photo set is there and matches its manifest (harness.data.photo_sets)."""
     name = protocol.dataset.name
     if data_root is None and needs_data_root(name, protocol.dataset.params):
         raise HarnessError(f"protocol {protocol.name} reads dataset {name} from disk: pass "
                            "--data-root DIR, the folder holding it (see docs/datasets.md)")  # fmt: skip
     if data_root is not None and not Path(data_root).expanduser().is_dir():
         raise HarnessError(f"--data-root {data_root} is not a directory")
+    if name in photo_sets.SETS:  # found, verified (or fetched, when asked) before any run
+        photo_sets.open_data(name, None if data_root is None else Path(data_root)).__exit__()
 
 
 def check_trainable(prepared: PreparedData, protocol: Protocol) -> None:

@@ -188,6 +188,9 @@ class TrainingRecord(Record):
 class DatasetInfo(Record):
     name: str
     source: str | None = optional()
+    # how the data was built when it is not the published bytes (a real-photo dataset rebuilt
+    # with another Pillow): {"exact": false, "pillow": ..., "differing": {file: sha256}}
+    provenance: dict[str, Any] | None = optional()
     extra: dict[str, Any] = _extra()
 
 

@@ -62,7 +62,7 @@ def _describe_run(
     record: RunResult, protocol: Protocol, data: LabelledImages, split: Split, device: torch.device
 ) -> None:
     """Where the run's numbers come from: dataset, split, start time, code and machine."""
-    record.dataset = DatasetInfo(protocol.dataset.name, data.source)
+    record.dataset = DatasetInfo(protocol.dataset.name, data.source, data.provenance)
     record.split = split.summary()
     record.started_at = _now()
     record.harness_version = harness.__version__

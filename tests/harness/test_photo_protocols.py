@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,8 +29,8 @@ from harness.tune import calibrate as cal
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
-needs = {spec.name: pytest.mark.skipif(not (SHARED / spec.name / spec.archive).is_file(),
-                                       reason=f"{spec.archive} not present in {SHARED}")
+needs = {spec.name: pytest.mark.skipif(not (SHARED / spec.name / f"{spec.name}.zip").is_file(),
+                                       reason=f"{spec.name}.zip not present in {SHARED}")
          for spec in (pz.CARS, pz.GROCERIES)}  # fmt: skip
 
 
@@ -80,10 +81,13 @@ def test_grocery_store_mini_is_40_products_to_train_41_to_test_with_manifest_kin
 
 @pytest.mark.parametrize("spec", [pz.CARS, pz.GROCERIES], ids=lambda s: s.name)
 def test_a_missing_truncated_or_altered_archive_is_refused(spec, tmp_path):
-    with pytest.raises(HarnessError, match=f"no {spec.archive} in --data-root .*README"):
+    fetch = f"data fetch {spec.name} --data-root {tmp_path}"
+    with pytest.raises(HarnessError, match=f"{spec.name} is not in --data-root .*{fetch}"):
         DATASETS.get(spec.name)(tmp_path, None)
-    (tmp_path / spec.archive).write_bytes(b"PK\x03\x04 truncated")
-    with pytest.raises(HarnessError, match=f"not the published {spec.sha256[:16]}"):
+    with zipfile.ZipFile(tmp_path / f"{spec.name}.zip", "w") as z:  # one photo, and altered
+        z.writestr(f"{spec.name}/images/A/1.jpg", b"not a photo")
+    with pytest.raises(HarnessError, match=f"is not the dataset: [0-9]+ missing .*1 extra "
+                       f"\\({spec.name}/images/A/1.jpg\\)"):  # fmt: skip
         DATASETS.get(spec.name)(tmp_path, None)
 
 
@@ -94,7 +98,7 @@ def test_a_bad_archive_is_one_line_exit_2_and_nothing_is_written(tmp_path, capsy
     with open(SHARED / "cars196_mini" / "cars196_mini.zip", "rb") as f:
         (short / "cars196_mini.zip").write_bytes(f.read(1 << 20))
     results = tmp_path / "results"
-    for root, message in ((tmp_path, "no cars196_mini.zip"), (short, "not the published")):
+    for root, message in ((tmp_path, "cars196_mini is not in"), (short, "is not a readable zip")):
         code = main(["run", "--protocol", "cars", "--method", "contrastive", "--seeds", "0",
                      "--data-root", str(root), "--results-dir", str(results), "--quiet"])  # fmt: skip
         err = capsys.readouterr().err.strip().splitlines()

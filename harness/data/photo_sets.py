@@ -1,0 +1,345 @@
+"""The real-photo datasets (cub100, cars196_mini, grocery_store_mini) as their files, not
+their container.
+
+Each dataset's identity is a manifest shipped in the package (`manifests/<name>.sources.csv.gz`):
+every file's path in the dataset, its source in a public GitHub repository at a pinned commit,
+the rule that derives it from the source and the sha256 of the result. A few files the
+dataset's builder wrote (a labels table, a licence) ship whole in `manifests/<name>.extra.zip`.
+
+The data is accepted by content wherever it is: the published zip, any zip of the same files
+(for example one made with `zip -r`), or the extracted folder. Verifying hashes every file
+once and records the result in a stamp beside the data (in the cache when the data's folder
+is read-only), keyed by the files' sizes and modification times, so later runs do not hash
+again. A missing, extra or altered file is named in one line.
+
+Where the data is looked for, in order: --data-root when given; else `../shared/data/<name>`
+beside the clone, then `<user data dir>/<name>` (harness.core.default_data_dir), where
+`python -m harness data fetch <name>` (harness.data.rebuild) builds it from its source.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import os
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from harness.core import HarnessError, default_cache_dir, default_data_dir, program_name
+from harness.core.paths import PROTOCOL_DIR
+
+MANIFESTS = Path(__file__).resolve().parent / "manifests"
+FETCH_ENV = "DML_HARNESS_FETCH"  # "1": a run or check fetches missing data by itself
+STAMP_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class PhotoSet:
+    """One dataset: its name, its published zip's sha256 (a fast path), where it comes from
+    and under which terms."""
+
+    name: str
+    zip_sha256: str
+    repo: str  # owner/name on GitHub
+    commit: str
+    terms: str
+    size: str  # what a user downloads and keeps
+
+    @property
+    def archive_url(self) -> str:
+        return f"https://codeload.github.com/{self.repo}/tar.gz/{self.commit}"
+
+    @property
+    def shared_root(self) -> Path:
+        # the clone's sibling shared/data/<name> (PROTOCOL_DIR is <clone>/protocols)
+        return PROTOCOL_DIR.parent.parent / "shared" / "data" / self.name
+
+    @property
+    def user_root(self) -> Path:
+        return default_data_dir() / self.name
+
+    def fetch_command(self, data_root: Path | None = None) -> str:
+        root = f" --data-root {data_root}" if data_root is not None else ""
+        return f"{program_name()} data fetch {self.name}{root}"
+
+
+SETS = {
+    s.name: s
+    for s in (
+        PhotoSet("cub100", "483798f945ad93a5be92ef60ee4369440e1352dcb1e0e7775f6ecd22bfa5b297",
+                 "serizba/vision", "16a8a47ea88abb31d9b61b81dbbe09347bf72385",
+                 "CUB-200-2011's: research and non-commercial use only (Wah et al., 2011)",
+                 "a repository archive of about 60 MB; 57 MB kept"),
+        PhotoSet("cars196_mini", "2999500f41527c86a780bf9622013e0fbbdfb530e1d2c299cd4819dbe7782c0b",
+                 "fmejbah/car_dataset1", "2ac6920297f51277ac4e24afd231c46d35077831",
+                 "Stanford Cars' (Krause et al., 2013): no licence was published; treat as "
+                 "non-commercial research use only, images owned by their copyright holders",
+                 "part of a repository archive of about 160 MB with the groceries; 72 MB kept"),
+        PhotoSet("grocery_store_mini", "679f15ca4daa8b2bbd7733bedd5290e8982fab3b6c80a9261f4842b279adba75",
+                 "marcusklasson/GroceryStoreDataset", "fc80ba90f803d79d0383df52c5a4ac5de99ff6fc",
+                 "MIT (Klasson et al., WACV 2019): keep the copyright notice and licence",
+                 "part of a repository archive of about 160 MB with the cars; 73 MB kept"),
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Row:
+    """One file of a dataset: where it comes from and what its bytes must be."""
+
+    file: str
+    source_path: str
+    source_sha256: str
+    rule: str
+    file_sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Every file of one dataset (`rows`, from the source; `extra`, shipped whole)."""
+
+    name: str
+    rows: tuple[Row, ...]
+    extra: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def expected(self) -> dict[str, str]:
+        """file -> sha256, for every file of the dataset."""
+        out = {r.file: r.file_sha256 for r in self.rows}
+        out.update({f: hashlib.sha256(b).hexdigest() for f, b in self.extra.items()})
+        return out
+
+    @property
+    def tops(self) -> tuple[str, ...]:
+        """The top-level folders that hold the dataset's files."""
+        return tuple(sorted({f.split("/", 1)[0] for f in self.expected}))
+
+    @property
+    def sha256(self) -> str:
+        """The manifest's identity: the sha256 of its sorted `sha256  file` lines."""
+        lines = "".join(f"{s}  {f}\n" for f, s in sorted(self.expected.items()))
+        return hashlib.sha256(lines.encode()).hexdigest()
+
+
+@cache
+def manifest(name: str) -> Manifest:
+    """The shipped manifest of dataset `name`."""
+    if name not in SETS:
+        raise HarnessError(f"no shipped manifest for {name!r}; known: {', '.join(SETS)}")
+    with gzip.open(MANIFESTS / f"{name}.sources.csv.gz", "rt", encoding="utf-8") as f:
+        rows = tuple(Row(**r) for r in csv.DictReader(f))
+    extra: dict[str, bytes] = {}
+    if (MANIFESTS / f"{name}.extra.zip").is_file():
+        with zipfile.ZipFile(MANIFESTS / f"{name}.extra.zip") as z:
+            extra = {n: z.read(n) for n in z.namelist() if not n.endswith("/")}
+    return Manifest(name, rows, extra)
+
+
+class DataFiles:
+    """A dataset's files by their path in the dataset, read from a zip or a folder."""
+
+    def __init__(self, path: Path, tops: tuple[str, ...]) -> None:
+        self.path = path  # the zip, or the folder holding the top-level folders
+        self.kind = "zip" if path.is_file() else "folder"
+        self.tops = tops
+        try:
+            self._zip = zipfile.ZipFile(path) if self.kind == "zip" else None
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise HarnessError(
+                f"{path} is not a readable zip ({exc}): truncated, or another "
+                "kind of file; delete it, or fetch the dataset again"
+            ) from None
+        self.provenance: dict[str, Any] = {"exact": True}
+
+    def __enter__(self) -> DataFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._zip is not None:
+            self._zip.close()
+
+    def names(self) -> list[str]:
+        """Every file (not folder) the dataset's container holds, sorted."""
+        if self._zip is not None:
+            return sorted(n for n in self._zip.namelist() if not n.endswith("/"))
+        found = []
+        for top in self.tops:
+            for folder, _dirs, files in os.walk(self.path / top):
+                rel = Path(folder).relative_to(self.path).as_posix()
+                found += [f"{rel}/{f}" for f in files]
+        return sorted(found)
+
+    def read(self, name: str) -> bytes:
+        """One file's bytes; KeyError when the container has no such file."""
+        if self._zip is not None:
+            return self._zip.read(name)
+        try:
+            return (self.path / name).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise KeyError(name) from None
+
+    def state(self) -> str:
+        """What a stamp is keyed by: the zip's, or every file's, size and modification time."""
+        paths = [self.path] if self._zip is not None else [self.path / n for n in self.names()]
+        text = "".join(f"{p.relative_to(self.path.parent)} {p.stat().st_size} "
+                       f"{p.stat().st_mtime_ns}\n" for p in paths)  # fmt: skip
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stamp_paths(name: str, files: DataFiles) -> list[Path]:
+    """Beside the data, unless its folder is marked read-only (no write bit: even root, who
+    could write there, leaves it alone), then in the cache, keyed by the data's path."""
+    beside = files.path.parent if files.kind == "zip" else files.path
+    key = hashlib.sha256(str(files.path.resolve()).encode()).hexdigest()[:16]
+    cached = default_cache_dir() / "verified" / f"{name}-{key}.json"
+    try:
+        read_only = not beside.stat().st_mode & 0o222
+    except OSError:
+        read_only = True
+    return [cached] if read_only else [beside / f".{name}.verified.json", cached]
+
+
+def read_stamp(name: str, files: DataFiles) -> dict[str, Any] | None:
+    """The stamp beside the data (or in the cache), when one names this dataset's manifest."""
+    for path in _stamp_paths(name, files):
+        try:
+            stamp = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if stamp.get("dataset") == name and stamp.get("format") == STAMP_FORMAT:
+            return stamp
+    return None
+
+
+def write_stamp(name: str, files: DataFiles, provenance: dict[str, Any]) -> None:
+    """Record a verification beside the data, or in the cache when that folder is read-only."""
+    stamp = {"format": STAMP_FORMAT, "dataset": name, "manifest_sha256": manifest(name).sha256,
+             "container": files.kind, "state": files.state(), "provenance": provenance}  # fmt: skip
+    for path in _stamp_paths(name, files):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, path)
+            return
+        except OSError:
+            continue
+
+
+def _listed(paths: list[str], what: str) -> str:
+    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+    return f"{len(paths)} {what} ({', '.join(paths[:3])}{more})"
+
+
+def _other_dataset(names: set[str], name: str) -> str:
+    """`, the files of <other>` when the container holds another dataset's files."""
+    for other in SETS:
+        if other != name and names & set(manifest(other).expected):
+            return f"; it holds {other}'s files, not {name}'s"
+    return ""
+
+
+def verify(name: str, files: DataFiles, how_to_fix: str) -> DataFiles:
+    """The container's files against the manifest (once: a matching stamp skips the hashing);
+    sets `files.provenance`. A missing, extra or altered file is one HarnessError line."""
+    want = manifest(name)
+    stamp = read_stamp(name, files)
+    if stamp and stamp["manifest_sha256"] == want.sha256 and stamp["state"] == files.state():
+        files.provenance = stamp["provenance"]
+        return files
+    provenance = (stamp or {}).get("provenance", {"exact": True})
+    differs = provenance.get("differing", {})  # files derived by another Pillow: their sha256
+    expected = want.expected
+    published = files.kind == "zip" and _sha256_file(files.path) == SETS[name].zip_sha256
+    names = files.names()
+    missing = sorted(set(expected) - set(names))
+    extra = sorted(set(names) - set(expected))
+    altered = [] if published else [
+        n for n in sorted(set(names) & set(expected))
+        if _sha256_of(files, n) not in (expected[n], differs.get(n))
+    ]  # fmt: skip
+    if missing or extra or altered:
+        parts = [_listed(p, w) for p, w in ((missing, "missing"), (extra, "extra"),
+                                            (altered, "altered")) if p]  # fmt: skip
+        raise HarnessError(f"{name}: {files.path} is not the dataset: {'; '.join(parts)} "
+                           f"against its {len(expected)} files{_other_dataset(set(names), name)}; "
+                           f"{how_to_fix}")  # fmt: skip
+    if not differs:
+        provenance = {"exact": True}
+    write_stamp(name, files, provenance)
+    files.provenance = provenance
+    return files
+
+
+def _sha256_of(files: DataFiles, name: str) -> str | None:
+    """A file's sha256, or None when it cannot be read (a damaged zip member: altered)."""
+    try:
+        return hashlib.sha256(files.read(name)).hexdigest()
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError):
+        return None
+
+
+def _sha256_file(path: Path) -> str:
+    from harness.core import file_sha256
+
+    return file_sha256(path)
+
+
+def find(name: str, root: Path) -> DataFiles | None:
+    """The dataset's zip (`<name>.zip`) or extracted folder under `root`, unverified."""
+    tops = manifest(name).tops
+    if (root / f"{name}.zip").is_file():
+        return DataFiles(root / f"{name}.zip", tops)
+    if tops and all((root / t).is_dir() for t in tops):
+        return DataFiles(root, tops)
+    return None
+
+
+def fetch_wanted() -> bool:
+    """Whether a run may fetch missing data by itself (`--fetch`, or DML_HARNESS_FETCH=1)."""
+    return os.environ.get(FETCH_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def open_data(name: str, data_root: Path | None) -> DataFiles:
+    """The verified files of dataset `name`: under --data-root when given, else in the first
+    default place that holds them; fetched into the user data folder when it is missing and
+    fetching was asked for; otherwise a one-line error giving the command that fetches it."""
+    spec = SETS[name]
+    roots = [Path(data_root).expanduser()] if data_root is not None else [spec.shared_root,
+                                                                          spec.user_root]  # fmt: skip
+    fix = f"fetch it again with `{spec.fetch_command(data_root)}`"
+    for root in roots:
+        files = find(name, root)
+        if files is not None:
+            try:
+                return verify(name, files, fix)
+            except BaseException:
+                files.__exit__()
+                raise
+    if fetch_wanted():
+        from harness.data.rebuild import fetch
+
+        return verify(name, fetch(name, roots[-1]), fix)
+    tops = "/, ".join(manifest(name).tops)
+    where = f"--data-root {roots[0]}" if data_root is not None else \
+        f"{spec.shared_root} or {spec.user_root}"  # fmt: skip
+    others = [o for o in SETS if o != name and any(find(o, r) for r in roots)]
+    held = f"; it holds {others[0]}, not {name}" if others else ""
+    raise HarnessError(f"{name} is not in {where} (neither {name}.zip nor its extracted {tops}/)"
+                       f"{held}: fetch it from its source with `{spec.fetch_command(data_root)}`"
+                       f" (a run or check does that by itself with --fetch)")  # fmt: skip
+
+
+def describe(files: DataFiles) -> str:
+    """How the data differs from the published files, for a run's source line ('' if not)."""
+    p = files.provenance
+    if p.get("exact", True):
+        return ""
+    return (f"; {len(p.get('differing', {}))} derived files differ from the published bytes "
+            f"(Pillow {p.get('pillow')}): compare numbers statistically")  # fmt: skip
