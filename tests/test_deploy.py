@@ -127,6 +127,7 @@ def test_export_embeds_real_photos_as_the_harness_does(kept, fmt, tmp_path):
     assert meta["weights_sha256"] == model.weights_sha256
     assert meta["preprocessing"]["load_size"] == 227
     assert meta["preprocessing"]["test_ops"] == [{"op": "center_crop", "size": 224}]
+    assert meta["preprocessing"]["exif_transpose"] is True  # a service turns photos upright too
 
 
 def test_the_parity_check_catches_a_wrong_normalisation_and_a_missing_head(kept, tmp_path):
@@ -175,6 +176,31 @@ def test_index_and_search_find_a_photo_and_its_class(kept, tmp_path, capsys):
     assert [r["rank"] for r in found] == [1, 2, 3, 4]
     assert all(a["distance"] <= b["distance"] for a, b in zip(found, found[1:], strict=False))
     assert page.read_text().count("<img ") == 5
+
+
+def test_a_photo_stored_sideways_finds_its_upright_self(kept, tmp_path, capsys):
+    """A phone's JPEG: the pixels stored turned a quarter (90 degrees counter-clockwise) with
+    EXIF orientation 6, which every viewer turns upright; `search` finds the upright photo
+    first, as its owner would, and the kept model and its export record the step."""
+    from PIL import Image
+
+    out = tmp_path / "index"
+    assert _index(kept, out) == 0
+    name = image_files(kept["photos"])[5]
+    with Image.open(kept["photos"] / name) as photo:
+        upright = np.asarray(photo.convert("RGB"))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: the viewer turns it 90 degrees clockwise
+    sideways = Image.fromarray(np.rot90(upright).copy())
+    sideways.save(tmp_path / "tagged.jpg", quality=100, subsampling=0, exif=exif)
+    sideways.save(tmp_path / "untagged.jpg", quality=100, subsampling=0)  # the control
+    capsys.readouterr()
+    assert main(["search", str(out), str(tmp_path / "tagged.jpg"), str(tmp_path / "untagged.jpg"),
+                 "-k", "3", "--json"]) == 0  # fmt: skip
+    tagged, untagged = (q["results"] for q in json.loads(capsys.readouterr().out)["queries"])
+    assert tagged[0]["path"] == name and tagged[0]["distance"] < 0.05, tagged  # JPEG noise
+    assert not [hit for hit in untagged if hit["path"] == name and hit["distance"] < 0.05]
+    assert load_model(kept["model"]).preprocessing["exif_transpose"] is True
 
 
 def test_an_unchanged_folder_writes_nothing_and_a_changed_one_is_updated(kept, tmp_path):

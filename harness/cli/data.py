@@ -10,7 +10,8 @@ from pathlib import Path
 from harness.cli.parsing import SubcommandParser
 from harness.core import HarnessError, load_protocol
 from harness.data import download, verify, verify_own
-from harness.data.photo_sets import SETS, manifest, open_data
+from harness.data.photo_sets import SETS, manifest
+from harness.data.rebuild import open_data
 
 PAPERS = ("cub200", "cars196", "sop", "inshop", "vehicleid")
 OWN = ("folder", "csv")  # the datasets you bring without code

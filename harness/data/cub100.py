@@ -21,7 +21,6 @@ Every photo is decoded once into memory (uint8, 0.9 GB for all of them): all are
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,9 @@ import torch
 
 from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
-from harness.data.photo_sets import DataFiles, describe, open_data
+from harness.data.photo_decode import open_photo
+from harness.data.photo_sets import DataFiles, describe
+from harness.data.rebuild import open_data
 
 FOLDER = "bird_dataset"
 SIZE = 227
@@ -53,13 +54,10 @@ def _index(archive: DataFiles, name: str) -> dict[int, str]:
 
 
 def _decode(data: bytes, where: str) -> np.ndarray:
-    from PIL import Image
-
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            pixels = np.asarray(image.convert("RGB"))
-    except Exception as exc:
-        raise HarnessError(f"cub100: cannot decode {where} ({exc})") from None
+        pixels = np.asarray(open_photo(data, where))
+    except HarnessError as exc:
+        raise HarnessError(f"cub100: {exc}") from None
     if pixels.shape != (SIZE, SIZE, 3):
         raise HarnessError(f"cub100: {where} is {pixels.shape[1]}x{pixels.shape[0]}, not {SIZE}")
     return pixels.transpose(2, 0, 1)

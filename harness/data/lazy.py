@@ -7,11 +7,12 @@ array, a list or a slice) returns another LazyImages, a view that decodes nothin
 view's files into a uint8 tensor [B, 3, S, S]. So `images[split.train]`, `images[idx].to(dev)`
 and `images[start:end].to(dev)` work unchanged on either kind of image source.
 
-Decoding is deterministic: PIL opens the file, converts it to RGB, crops the bounding box
-when one is given, and resizes the result to S x S with PIL's bilinear filter (antialiased;
-the aspect ratio is not kept, like the 256 x 256 resize of the seed papers). Size 0 keeps
-each image at its own size and aspect (the augmentation's `load: original`): `.load()` then
-returns a list of [3, H, W] tensors, for the augmentation to crop and resize one by one.
+Decoding is deterministic: PIL opens the file, turns it upright and converts it to RGB as a
+viewer shows it (harness.data.photo_decode), crops the bounding box when one is given, and
+resizes the result to S x S with PIL's bilinear filter (antialiased; the aspect ratio is not
+kept, like the 256 x 256 resize of the seed papers). Size 0 keeps each image at its own size
+and aspect (the augmentation's `load: original`): `.load()` then returns a list of [3, H, W]
+tensors, for the augmentation to crop and resize one by one.
 Random crops and flips are the augmentation's (harness.data.augment), not the decoder's. A missing,
 truncated or corrupt file raises a HarnessError naming its path.
 """
@@ -29,9 +30,12 @@ import torch
 
 from harness.core import HarnessError, program_name
 from harness.data.boxes import box_edges
+from harness.data.photo_decode import open_photo
 from harness.data.torch_decode import read
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from harness.data.torch_decode import Encoded
 
 # PIL releases the GIL while decoding JPEGs: a few threads keep a GPU fed; order is kept.
@@ -53,34 +57,29 @@ def set_decode_threads(threads: int) -> None:
     DECODE_THREADS, _POOL = max(1, int(threads)), None
 
 
-def open_rgb(path: str | Path):
-    """The image at `path` fully decoded as RGB; a HarnessError naming the path otherwise."""
-    from PIL import Image
-
+def open_rgb(path: str | Path) -> Image.Image:
+    """The image at `path` fully decoded as a viewer shows it (upright, RGB: harness.data.
+    photo_decode); a HarnessError naming the path otherwise."""
     try:
-        with Image.open(path) as im:
-            im.load()  # raises on a truncated file (LOAD_TRUNCATED_IMAGES stays False)
-            if im.mode == "I" or im.mode.startswith("I;16"):  # 16-bit: convert() would clip
-                high = np.clip(np.asarray(im, dtype=np.int64), 0, 65535) >> 8
-                return Image.fromarray(high.astype(np.uint8)).convert("RGB")
-            return im.convert("RGB")
+        return open_photo(path, f"image {path}", advice="the file is corrupt or truncated: "
+                          "replace it from the official archive")  # fmt: skip
     except FileNotFoundError:
         raise HarnessError(
             f"image {path} is missing; check the dataset with `{program_name()} data verify`"
-        ) from None
-    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, zlib.error, ...
-        raise HarnessError(
-            f"cannot decode image {path} ({type(exc).__name__}: {exc}); the file is corrupt "
-            "or truncated: replace it from the official archive"
         ) from None
 
 
 def decode(path: str | Path, size: int, box: np.ndarray | None = None) -> np.ndarray:
     """uint8 [3, size, size]: the image, cropped to `box` (left, top, right, bottom; pixel
     edges, clamped to the image) when given, resized to size x size (size 0: not resized)."""
+    return pixels(open_rgb(path), size, box)
+
+
+def pixels(im: Image.Image, size: int, box: np.ndarray | None = None) -> np.ndarray:
+    """uint8 [3, size, size] of a decoded RGB image, cropped and resized as `decode` does:
+    the one resize that both evaluation and a kept model (harness.deploy) apply."""
     from PIL import Image
 
-    im = open_rgb(path)
     edges = box_edges(box, im.width, im.height)
     if edges is not None:
         im = im.crop(edges)

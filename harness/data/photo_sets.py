@@ -301,41 +301,6 @@ def find(name: str, root: Path) -> DataFiles | None:
     return None
 
 
-def fetch_wanted() -> bool:
-    """Whether a run may fetch missing data by itself (`--fetch`, or DML_HARNESS_FETCH=1)."""
-    return os.environ.get(FETCH_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
-def open_data(name: str, data_root: Path | None) -> DataFiles:
-    """The verified files of dataset `name`: under --data-root when given, else in the first
-    default place that holds them; fetched into the user data folder when it is missing and
-    fetching was asked for; otherwise a one-line error giving the command that fetches it."""
-    spec = SETS[name]
-    roots = [Path(data_root).expanduser()] if data_root is not None else [spec.shared_root,
-                                                                          spec.user_root]  # fmt: skip
-    fix = f"fetch it again with `{spec.fetch_command(data_root)}`"
-    for root in roots:
-        files = find(name, root)
-        if files is not None:
-            try:
-                return verify(name, files, fix)
-            except BaseException:
-                files.__exit__()
-                raise
-    if fetch_wanted():
-        from harness.data.rebuild import fetch
-
-        return verify(name, fetch(name, roots[-1]), fix)
-    tops = "/, ".join(manifest(name).tops)
-    where = f"--data-root {roots[0]}" if data_root is not None else \
-        f"{spec.shared_root} or {spec.user_root}"  # fmt: skip
-    others = [o for o in SETS if o != name and any(find(o, r) for r in roots)]
-    held = f"; it holds {others[0]}, not {name}" if others else ""
-    raise HarnessError(f"{name} is not in {where} (neither {name}.zip nor its extracted {tops}/)"
-                       f"{held}: fetch it from its source with `{spec.fetch_command(data_root)}`"
-                       f" (a run or check does that by itself with --fetch)")  # fmt: skip
-
-
 def describe(files: DataFiles) -> str:
     """How the data differs from the published files, for a run's source line ('' if not)."""
     p = files.provenance

@@ -31,7 +31,9 @@ import torch
 from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.cars196 import body_type
-from harness.data.photo_sets import DataFiles, describe, open_data
+from harness.data.photo_decode import open_photo
+from harness.data.photo_sets import DataFiles, describe
+from harness.data.rebuild import open_data
 
 SIZE = 227  # the birds' size: a 224 crop with a little room
 
@@ -52,11 +54,7 @@ GROCERIES = PhotoZip("grocery_store_mini", lambda _cls, row: row.get("coarse_cla
 def _decode(data: bytes, where: str, size: int) -> np.ndarray:
     from PIL import Image
 
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            rgb = image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
-    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ...
-        raise HarnessError(f"cannot decode {where} ({exc})") from None
+    rgb = open_photo(data, where).resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
 
 

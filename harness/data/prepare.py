@@ -22,7 +22,7 @@ from harness.core import (
     keyword_names,
     registered,
 )
-from harness.data import photo_sets
+from harness.data import photo_sets, rebuild
 from harness.data.base import DATASETS, LabelledImages, needs_data_root
 from harness.data.sampler import check_fills_batches
 from harness.data.splits import Split, split_classes
@@ -133,7 +133,7 @@ def check_data_root(protocol: Protocol, data_root: str | None) -> None:
     if data_root is not None and not Path(data_root).expanduser().is_dir():
         raise HarnessError(f"--data-root {data_root} is not a directory")
     if name in photo_sets.SETS:  # found, verified (or fetched, when asked) before any run
-        photo_sets.open_data(name, None if data_root is None else Path(data_root)).__exit__()
+        rebuild.open_data(name, None if data_root is None else Path(data_root)).__exit__()
 
 
 def check_trainable(prepared: PreparedData, protocol: Protocol) -> None:

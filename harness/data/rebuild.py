@@ -12,6 +12,9 @@ the same pixels: such a file is kept, and the difference recorded in the dataset
 (the stamp beside the data, then every run made on it), so that its numbers are compared
 statistically, as another processor's are. Files are written into a hidden folder beside the
 data and moved into place only when all are built: a failure leaves nothing half-written.
+
+`open_data` is what a dataset loader calls: the verified files, wherever they are, fetched
+first when they are missing and fetching was asked for (`--fetch`, DML_HARNESS_FETCH=1).
 """
 
 from __future__ import annotations
@@ -35,7 +38,16 @@ from typing import Any
 from tqdm import tqdm
 
 from harness.core import HarnessError, default_cache_dir
-from harness.data.photo_sets import SETS, DataFiles, Row, find, manifest, verify, write_stamp
+from harness.data.photo_sets import (
+    FETCH_ENV,
+    SETS,
+    DataFiles,
+    Row,
+    find,
+    manifest,
+    verify,
+    write_stamp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -237,3 +249,36 @@ def fetch(name: str, root: Path, source: str | None = None, force: bool = False)
     if local.parent == default_cache_dir() / "downloads":
         local.unlink(missing_ok=True)
     return verify(name, files, "fetch it again with --force")
+
+
+def fetch_wanted() -> bool:
+    """Whether a run may fetch missing data by itself (`--fetch`, or DML_HARNESS_FETCH=1)."""
+    return os.environ.get(FETCH_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def open_data(name: str, data_root: Path | None) -> DataFiles:
+    """The verified files of dataset `name`: under --data-root when given, else in the first
+    default place that holds them; fetched into the user data folder when it is missing and
+    fetching was asked for; otherwise a one-line error giving the command that fetches it."""
+    spec = SETS[name]
+    roots = [Path(data_root).expanduser()] if data_root is not None else [spec.shared_root,
+                                                                          spec.user_root]  # fmt: skip
+    fix = f"fetch it again with `{spec.fetch_command(data_root)}`"
+    for root in roots:
+        files = find(name, root)
+        if files is not None:
+            try:
+                return verify(name, files, fix)
+            except BaseException:
+                files.__exit__()
+                raise
+    if fetch_wanted():
+        return verify(name, fetch(name, roots[-1]), fix)
+    tops = "/, ".join(manifest(name).tops)
+    where = f"--data-root {roots[0]}" if data_root is not None else \
+        f"{spec.shared_root} or {spec.user_root}"  # fmt: skip
+    others = [o for o in SETS if o != name and any(find(o, r) for r in roots)]
+    held = f"; it holds {others[0]}, not {name}" if others else ""
+    raise HarnessError(f"{name} is not in {where} (neither {name}.zip nor its extracted {tops}/)"
+                       f"{held}: fetch it from its source with `{spec.fetch_command(data_root)}`"
+                       f" (a run or check does that by itself with --fetch)")  # fmt: skip

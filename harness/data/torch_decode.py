@@ -6,7 +6,9 @@ waits when the CPU cores cannot keep up. With `torch`, the workers only read the
 bytes (an `Encoded` batch); the training process decodes the batch in one call on its
 device, crops the bounding boxes, resizes and augments there. On the CPU the decoded pixels
 equal PIL's (both libjpeg-turbo; tested); the resize is torch's antialiased bilinear, which
-differs from PIL's by rounding. torchvision marks its decoders deprecated in favour of
+differs from PIL's by rounding. A photo's EXIF orientation tag is applied to the decoded
+pixels, on either device (torchvision's own `apply_exif_orientation` is CPU-only), so that
+a sideways-stored photo is upright, as with PIL (harness.data.photo_decode). torchvision marks its decoders deprecated in favour of
 TorchCodec (0.29); they are what the pinned versions have, so they are used until the lock
 moves.
 """
@@ -42,6 +44,7 @@ class Encoded:
         """uint8 [B, 3, S, S] on the device (size 0: a list of [3, H, W])."""
         data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in self.data]
         images = _decode_all(data, self.paths, torch.device(self.device))
+        images = [upright(x, orientation(b)) for x, b in zip(images, self.data, strict=True)]
         out = [_crop_resize(x, box, self.size) for x, box in zip(images, self.boxes, strict=True)]
         if not self.size:
             return out
@@ -107,6 +110,43 @@ def _decode_one(data: torch.Tensor, path: str, device: torch.device) -> torch.Te
         except RuntimeError as exc:
             raise HarnessError(f"cannot decode image {path} ({exc}); the file is corrupt or "
                                "truncated: replace it from the official archive") from None  # fmt: skip
+
+
+def orientation(data: bytes) -> int:
+    """The EXIF orientation tag of an encoded image (1, upright, when it has none or an
+    unreadable one): PIL reads the header only."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            value = im.getexif().get(0x0112, 1)
+    except Exception:  # the decoder names a broken file; no tag here
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def upright(image: torch.Tensor, tag: int) -> torch.Tensor:
+    """[C, H, W] turned as EXIF orientation `tag` says a viewer shows it (PIL's
+    ImageOps.exif_transpose: 2 mirror, 3 rotate 180, 4 flip, 5 transpose, 6 rotate 90
+    clockwise, 7 transverse, 8 rotate 90 counter-clockwise)."""
+    h, w = -2, -1
+    if tag == 2:
+        return image.flip(w)
+    if tag == 3:
+        return image.flip(h, w)
+    if tag == 4:
+        return image.flip(h)
+    if tag == 5:
+        return image.transpose(h, w)
+    if tag == 6:
+        return torch.rot90(image, -1, dims=(h, w))
+    if tag == 7:
+        return image.transpose(h, w).flip(h, w)
+    if tag == 8:
+        return torch.rot90(image, 1, dims=(h, w))
+    return image
 
 
 def _eight_bit(image: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ from tqdm import tqdm
 
 from harness.core import HarnessError, OpSpec
 from harness.data.augment import apply_op
-from harness.data.lazy import decode
+from harness.data.lazy import pixels
+from harness.data.photo_decode import TOO_LARGE, open_photo
 from harness.deploy.model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -42,14 +43,14 @@ def image_files(folder: Path) -> list[str]:
 
 
 def preprocess(path: Path | str, preprocessing: dict[str, Any]) -> torch.Tensor:
-    """One photo as the network's input, uint8 [C, S, S]: decoded to RGB, resized to the
-    load size, then the test ops. A HarnessError naming the file if it cannot be decoded."""
+    """One photo as the network's input, uint8 [C, S, S]: decoded upright to RGB as a viewer
+    shows it (harness.data.photo_decode), resized to the load size, then the test ops. A
+    one-line HarnessError naming the file if it cannot be decoded or is too large."""
     try:
-        pixels = decode(path, int(preprocessing["load_size"]))
-    except HarnessError:
-        raise HarnessError(f"cannot decode {path}: not an image, or a corrupt or truncated "
-                           "one") from None  # fmt: skip
-    image = torch.from_numpy(np.ascontiguousarray(pixels))
+        photo = open_photo(path, str(path))
+    except FileNotFoundError:
+        raise HarnessError(f"cannot decode {path}: the file does not exist") from None
+    image = torch.from_numpy(np.ascontiguousarray(pixels(photo, int(preprocessing["load_size"]))))
     for op in preprocessing["test_ops"]:
         image = apply_op(image, OpSpec(**op))
     size = int(preprocessing["input"]["size"])
@@ -102,9 +103,17 @@ def embed_files(
 
 
 def report_failed(failed: list[tuple[str, str]], shown: int = 3) -> None:
-    """One warning for every file that could not be decoded, naming the first few."""
-    if failed:
-        names = ", ".join(name for name, _ in failed[:shown])
-        more = f" and {len(failed) - shown} more" if len(failed) > shown else ""
-        log.warning("skipped %d file(s) that could not be decoded: %s%s", len(failed), names,
-                    more)  # fmt: skip
+    """One warning for the files that could not be decoded and one for those too large to be
+    (over PIL's decompression-bomb limit), each naming the first few."""
+    from PIL import Image
+
+    large = [name for name, why in failed if TOO_LARGE in why]
+    broken = [name for name, why in failed if TOO_LARGE not in why]
+    limit = f"{Image.MAX_IMAGE_PIXELS:,}" if Image.MAX_IMAGE_PIXELS else "no"
+    for names, what in [(broken, "that could not be decoded"),
+                        (large, f"too large to decode (over PIL's decompression-bomb limit "
+                                f"of {limit} pixels)")]:  # fmt: skip
+        if names:
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            log.warning("skipped %d file(s) %s: %s%s", len(names), what,
+                        ", ".join(names[:shown]), more)  # fmt: skip

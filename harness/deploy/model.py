@@ -68,15 +68,19 @@ def state_sha256(state: dict[str, torch.Tensor]) -> str:
 
 
 def preprocessing(protocol: Protocol, backbone: Backbone) -> dict[str, Any]:
-    """How a photo becomes the network's input, as the run's evaluation made it: decoded to
-    RGB, resized to load_size x load_size (PIL bilinear, aspect not kept; 0: its own size),
-    then the protocol's test ops (e.g. center_crop 224); uint8, NCHW. The mean and std are
-    applied inside the network and recorded for reference."""
+    """How a photo becomes the network's input, as the run's evaluation made it: turned
+    upright by its EXIF orientation tag, decoded to the RGB a viewer shows
+    (harness.data.photo_decode), resized to load_size x load_size (PIL bilinear, aspect not
+    kept; 0: its own size), then the protocol's test ops (e.g. center_crop 224); uint8,
+    NCHW. The mean and std are applied inside the network and recorded for reference."""
     ops = [{k: v for k, v in dataclasses.asdict(op).items() if k in ("op", "size")}
            | ({"interpolation": op.interpolation} if op.op.startswith("resize") else {})
            for op in protocol.augmentation.test]  # fmt: skip
     return {
-        "decode": "RGB (PIL; 16-bit images scaled to 8 bits)",
+        "exif_transpose": True,
+        "decode": "PIL: first turned upright by the EXIF orientation tag (ImageOps."
+        "exif_transpose), then RGB: 16-bit images by their high byte, transparency "
+        "composited on white, other modes by PIL's convert('RGB')",
         "load_size": protocol.load_size,
         "resize": "PIL bilinear to load_size x load_size, aspect not kept (0: not resized)",
         "test_ops": ops,

@@ -63,6 +63,7 @@ from harness.core import (
     resolve_device,
     source_tree,
 )
+from harness.data import check_data_root
 from harness.records import RunResult, describe, read_result, result_path, write_json_atomic
 from harness.sweep import plan, sweep_pinned
 
@@ -425,11 +426,13 @@ def update_baselines(
 
 def _checked(protocol_name: str, methods: list[str] | None) -> tuple[list[str], Protocol]:
     """The methods (default: every registered one; a misspelt name is one line, before any
-    folder is made) and the parsed protocol."""
+    folder is made) and the parsed protocol, whose data is there (or fetched: --fetch)."""
     names = methods or METHODS.names()
     for name in names:
         METHODS.get(name)
-    return names, load_protocol(protocol_name)
+    protocol = load_protocol(protocol_name)
+    check_data_root(protocol, None)
+    return names, protocol
 
 
 @contextlib.contextmanager

@@ -12,6 +12,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from harness.core import HarnessError
+from harness.data.photo_decode import open_photo
 from harness.records import write_text_atomic
 from harness.report.markup import CSS, GENERATOR
 from harness.report.retrieval import QUERY_COLOUR
@@ -29,14 +31,16 @@ figure.hit figcaption {{ word-break: break-all; }}
 
 
 def thumbnail(path: Path) -> str:
-    """A JPEG data URI of the photo, THUMB pixels on its longer side."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        image = image.convert("RGB")
-        image.thumbnail((THUMB, THUMB))
-        buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=85)
+    """A JPEG data URI of the photo as a viewer shows it (upright, RGB: harness.data.
+    photo_decode), THUMB pixels on its longer side; a one-line HarnessError if the photo
+    can no longer be decoded."""
+    try:
+        image = open_photo(path, str(path))
+    except FileNotFoundError:
+        raise HarnessError(f"{path} no longer exists; index the folder again") from None
+    image.thumbnail((THUMB, THUMB))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=85)
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

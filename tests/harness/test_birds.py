@@ -32,7 +32,7 @@ from harness.data import (
     split_classes,
 )
 from harness.data.cached import CachedViews, ViewPicker
-from harness.data.photo_sets import open_data
+from harness.data.rebuild import open_data
 from harness.train import features
 
 REPO = Path(__file__).resolve().parents[2]

@@ -104,16 +104,29 @@ def test_the_committed_leaderboard_is_what_the_leaderboard_command_makes(tmp_pat
 
 
 def test_the_readme_quotes_the_committed_tuned_table():
-    """The README's first screen shows the tuning protocol's tuned table: the very table the
-    committed results make (after new results: regenerate, then paste it into the README)."""
+    """The README's tuning paragraph quotes the tuned table that the committed results make
+    (the table itself is the leaderboard's): the leader, its numbers, the `≈ best` rows and
+    the largest moves. After new results: regenerate, then update the paragraph."""
     from harness.records import load_results
     from harness.report.tuned import tuned_table
 
     load_methods()
     runs = [r for r in load_results(REFERENCE) if r.protocol.name == "tuning"]
     assert any(r.tuning for r in runs)
-    table = tuned_table(runs)
-    assert table in (REPO / "README.md").read_text(encoding="utf-8"), table
+    rows = {}
+    for line in tuned_table(runs).splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    leader = next(m for m, c in rows.items() if c[2] == "best")
+    tuned, default = rows[leader][1], rows[leader][4].split(" ±")[0]
+    assert f"{leader} leads ({tuned} MAP@R, from {default} at its paper default)" in readme
+    near = [m for m, c in rows.items() if c[2].startswith("≈ best")]
+    assert f"{', '.join(near[:-1])} and {near[-1]} are `≈ best`" in readme
+    moves = sorted(((float(c[3].split()[0]), m) for m, c in rows.items() if c[3] != "-"),
+                   reverse=True)[:5]  # fmt: skip
+    for move, method in moves:
+        assert method in readme and f"+{move:.1f}" in readme, (method, move)
 
 
 def user_results(tmp_path: Path, methods=("contrastive", "triplet")) -> Path:

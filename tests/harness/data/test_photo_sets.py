@@ -19,7 +19,8 @@ import pytest
 from harness.cli import main
 from harness.core import HarnessError, load_protocol, protocol_names
 from harness.data import photo_sets, rebuild
-from harness.data.photo_sets import SETS, manifest, open_data
+from harness.data.photo_sets import SETS, manifest
+from harness.data.rebuild import open_data
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 CUB = SHARED / "cub100" / "cub100.zip"
@@ -32,7 +33,7 @@ def _own_folders(tmp_path, monkeypatch):
     """No stamp or fetched data from elsewhere: a fresh cache and user data folder."""
     monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DML_HARNESS_DATA", str(tmp_path / "userdata"))
-    monkeypatch.delenv(photo_sets.FETCH_ENV, raising=False)
+    monkeypatch.delenv(rebuild.FETCH_ENV, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -310,7 +311,7 @@ def test_a_run_with_fetch_builds_missing_data_first(github_archive, tmp_path, mo
     monkeypatch.setattr(photo_sets.PhotoSet, "shared_root", property(lambda s: tmp_path / "no"))
     with pytest.raises(HarnessError, match="data fetch cub100"):
         open_data("cub100", None)
-    monkeypatch.setenv(photo_sets.FETCH_ENV, "1")
+    monkeypatch.setenv(rebuild.FETCH_ENV, "1")
     with open_data("cub100", None) as files:
         assert files.path == tmp_path / "userdata" / "cub100" and files.kind == "folder"
 
