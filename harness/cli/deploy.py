@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.backbones.engine import ENGINES
 from harness.cli.argtypes import positive_int
 from harness.core import HarnessError, program_name, resolve_device
 from harness.deploy import (
@@ -48,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "ivfpq past a million photos, e.g. hnsw:M=32 or ivfpq:nlist=1024,m=64); an "
                     "existing index keeps its own unless given")  # fmt: skip
     ix.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_engine_options(ix)
     ix.set_defaults(handler=cmd_index)
     se = sub.add_parser("search", help="the nearest indexed photos to each query photo")
     se.add_argument("index", type=Path, metavar="INDEX_DIR")
@@ -56,9 +58,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     se.add_argument("--model", type=Path, help="the kept model (default: the one the index "
                     "records; it must be the same weights)")  # fmt: skip
     se.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_engine_options(se)
     se.add_argument("--html", type=Path, metavar="PAGE",
                     help="also write an HTML page: each query and its results as a grid")  # fmt: skip
     se.set_defaults(handler=cmd_search)
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """`--engine` and `--threads`: what runs the kept network forward (index, search)."""
+    parser.add_argument("--engine", default="auto", choices=["auto", *ENGINES],
+                        help="auto (default): onnxruntime on a CPU where it is installed, "
+                        "torch otherwise and on a GPU")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        metavar="N",
+        help="the engine's threads (default: torch's, one per core)",
+    )
 
 
 def model_file(path: Path) -> Path:
@@ -84,8 +100,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     model = load_model(model_file(args.model))
     device = resolve_device(args.device)
-    update = build_or_update(model, args.images, args.out, args.kind,
-                             progress=not args.quiet, device=device)  # fmt: skip
+    update = build_or_update(model, args.images, args.out, args.kind, progress=not args.quiet,
+                             device=device, engine=args.engine, threads=args.threads)  # fmt: skip
     skipped = f", {update.skipped} skipped (not decodable)" if update.skipped else ""
     if not update.written:
         print(f"{args.out}: up to date ({update.total} photos{skipped}); nothing written")
@@ -98,7 +114,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     catalogue = read_catalogue(args.index)
     model = load_model(args.model or Path(catalogue.header["model"]["path"]))
-    results = search(catalogue, model, args.images, args.k)
+    results = search(catalogue, model, args.images, args.k, args.engine, args.threads)
     folder = Path(catalogue.header["folder"])
     if args.html:
         from harness.report.search_page import write_search_page

@@ -97,6 +97,9 @@ class BackboneSpec:
         )
 
 
+FEATURE_ENGINES = ("torch", "onnxruntime")  # harness.backbones.engine.ENGINES
+
+
 @dataclass(frozen=True)
 class FeaturesSpec:
     """A frozen, cached trunk: the backbone's first `frozen_stages` stages never train, so their
@@ -104,11 +107,15 @@ class FeaturesSpec:
     run trains the remaining stages and the head on them. Training images get `train_views`
     views drawn by the train augmentation with `view_seed` (the same views for every run and
     seed; a run draws one of them per image and step); every image gets one test view. 0
-    frozen stages (the default): no cache, the whole network trains on augmented images."""
+    frozen stages (the default): no cache, the whole network trains on augmented images.
+    `engine` runs the frozen stages on a CPU: torch (the default) or onnxruntime on the same
+    network exported to ONNX (harness.backbones.engine; its outputs differ from torch's at
+    about 1e-5, so the engine is part of what the cache holds); on a GPU torch runs."""
 
     frozen_stages: int = 0
     train_views: int = 1
     view_seed: int = 0
+    engine: str = "torch"
 
     def __post_init__(self) -> None:
         _check(self.frozen_stages >= 0, "frozen_stages must be >= 0 (0: nothing frozen)")
@@ -116,6 +123,10 @@ class FeaturesSpec:
         _check(self.frozen_stages > 0 or self.train_views == 1,
                "train_views goes with frozen_stages > 0 (the views of the cached trunk)")  # fmt: skip
         _check(0 <= self.view_seed < 2**32, "view_seed must be in [0, 2**32)")
+        _check(self.engine in FEATURE_ENGINES,
+               f"engine must be one of {', '.join(FEATURE_ENGINES)}, got {self.engine!r}")  # fmt: skip
+        _check(self.frozen_stages > 0 or self.engine == "torch",
+               "engine goes with frozen_stages > 0 (it runs the frozen trunk)")  # fmt: skip
 
     @property
     def cached(self) -> bool:
@@ -285,6 +296,8 @@ class Protocol:
         _check(problem is None, problem or "")
         _check(self.precision in ("fp32", "bf16", "fp16"),
                f"precision must be fp32, bf16 or fp16, got {self.precision!r}")  # fmt: skip
+        _check(self.features.engine == "torch" or self.precision == "fp32",
+               "features.engine onnxruntime runs fp32: drop precision, or use engine torch")  # fmt: skip
         try:
             self.augmentation.check_sizes(self.backbone.input_size)
         except ValueError as exc:
@@ -314,6 +327,8 @@ class Protocol:
             data.pop("precision")
         if not self.features.cached:
             data.pop("features")
+        elif self.features.engine == "torch":
+            data["features"].pop("engine")
         if self.augmentation.empty:
             data.pop("augmentation")
         else:

@@ -25,8 +25,10 @@ class CachedViews:
     in_process = True  # nothing to decode: the feeder needs no worker processes
     in_channels = 3  # the images these features stand for (the backbone is built for them)
 
-    def __init__(self, test: torch.Tensor, train: torch.Tensor, train_row: np.ndarray) -> None:
+    def __init__(self, test: torch.Tensor, train: torch.Tensor, train_row: np.ndarray,
+                 made_by: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.test, self.train, self.train_row = test, train, np.asarray(train_row, np.int64)
+        self.made_by = made_by or {}  # the engine, its version and threads, the build's rate
 
     def __len__(self) -> int:
         return len(self.train_row)
@@ -46,7 +48,8 @@ class CachedViews:
     def __getitem__(self, key: Any) -> CachedViews:
         rows = np.arange(len(self))[np.asarray(key) if not isinstance(key, slice) else key]
         rows = np.atleast_1d(rows)
-        return CachedViews(self.test[torch.from_numpy(rows)], self.train, self.train_row[rows])
+        return CachedViews(self.test[torch.from_numpy(rows)], self.train, self.train_row[rows],
+                           self.made_by)  # fmt: skip
 
     def load(self) -> torch.Tensor:
         """Every train view of these images: [B, V, D]."""

@@ -140,7 +140,7 @@ class Update:
 
 def build_or_update(
     model: LoadedModel, images: Path, out: Path, spec_text: str | None = None, *,
-    progress: bool = True, device: Any = None,
+    progress: bool = True, device: Any = None, engine: str = "auto", threads: int | None = None,
 ) -> Update:  # fmt: skip
     """Index `images` with `model` into `out`: a new catalogue, or the existing one updated
     (same model required; `spec_text` None keeps its index kind, else flat for a new one)."""
@@ -155,7 +155,7 @@ def build_or_update(
                                     enumerate(zip(old.rows.paths, old.rows.digests, strict=True))}  # fmt: skip
     todo = [n for n, key in enumerate(zip(files, digests, strict=True)) if key not in known]
     embedded = embed_files(model, images, [files[n] for n in todo], progress=progress,
-                           device=device)  # fmt: skip
+                           device=device, engine=engine, threads=threads)  # fmt: skip
     report_failed(embedded.failed)
     rows, stayed, next_id = _merge(old, files, digests, sizes, known, embedded)
     dropped = 0 if old is None else len(old.rows.paths) - len(stayed)
@@ -167,7 +167,8 @@ def build_or_update(
         raise HarnessError(f"none of the {len(files)} images in {images} could be decoded; "
                            "nothing written")  # fmt: skip
     index = _index(old if same_kind else None, rows, stayed, spec)
-    _write(out, model, images, spec, rows, index, next_id)
+    engine = embedded.engine or (old.header.get("engine") if old is not None else None)
+    _write(out, model, images, spec, rows, index, next_id, engine)
     return Update(len(stayed), added, dropped, len(embedded.failed), True, len(rows.paths))
 
 
@@ -230,7 +231,7 @@ def _index(old: Catalogue | None, rows: Rows, stayed: list[int], spec: IndexSpec
 
 def _write(
     out: Path, model: LoadedModel, images: Path, spec: IndexSpec, rows: Rows, index: VectorIndex,
-    next_id: int,
+    next_id: int, engine: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     written = {ROWS: rows.tsv(), VECTORS: _npy(rows.vectors)}
@@ -246,6 +247,7 @@ def _write(
         "folder": str(images), "index": str(spec), "dimension": int(rows.vectors.shape[1]),
         "count": len(rows.paths), "next_id": next_id,
         "sha256": {**digests, INDEX: file_sha256(out / INDEX)},  # the bytes in hand: not re-read
+        "engine": engine,  # what embedded the photos added last: name, version, threads
         "harness_version": harness.__version__,
         "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }  # fmt: skip
@@ -271,13 +273,18 @@ class Hit:
 
 
 def search(
-    catalogue: Catalogue, model: LoadedModel, queries: list[Path], k: int
+    catalogue: Catalogue,
+    model: LoadedModel,
+    queries: list[Path],
+    k: int,
+    engine: str = "auto",
+    threads: int | None = None,
 ) -> list[list[Hit]]:
-    """Each query photo's `k` nearest catalogue photos (checked: the catalogue's model, and
-    every query decodable, before anything is searched)."""
+    """Each query photo's `k` nearest catalogue photos, embedded by the engine model_engine
+    gives for `engine` (checked first: the catalogue's model, and every query decodable)."""
     import torch
 
-    from harness.deploy.images import BATCH, preprocess
+    from harness.deploy.images import BATCH, model_engine, preprocess
 
     check_model(catalogue.header, model, catalogue.folder)
     if k < 1:
@@ -287,10 +294,9 @@ def search(
         if not Path(query).is_file():
             raise HarnessError(f"query image {query} does not exist")
         batch.append(preprocess(query, model.preprocessing))
-    embedder = model.embedder.eval()
-    with torch.no_grad():
-        embedded = np.concatenate([embedder(torch.stack(batch[s : s + BATCH])).numpy()
-                                   for s in range(0, len(batch), BATCH)])  # fmt: skip
+    runner = model_engine(model, None, engine, threads)
+    embedded = np.concatenate([runner.run(torch.stack(batch[s : s + BATCH])).numpy()
+                               for s in range(0, len(batch), BATCH)])  # fmt: skip
     distances, ids = catalogue.index.search(np.ascontiguousarray(embedded), k)
     out = []
     for row_d, paths in zip(distances, catalogue.paths_of(ids), strict=True):

@@ -261,6 +261,9 @@ class RunResult(Record):
     # a run on several processes (torchrun): world_size, backend, per-rank throughput
     distributed: dict[str, Any] | None = optional()
     backbone_weights: dict[str, Any] | None = optional()
+    # a frozen trunk's cache: the engine that computed it (name, version, threads) and its
+    # rate, or the file it was loaded from (harness.train.features)
+    feature_cache: dict[str, Any] | None = optional()
     distances: dict[str, Any] | None = optional()  # histogram: edges, positive, negative
     metrics: dict[str, float] | None = optional()
     metrics_by_part: dict[str, dict[str, float]] | None = optional()

@@ -63,6 +63,7 @@ def _describe_run(
 ) -> None:
     """Where the run's numbers come from: dataset, split, start time, code and machine."""
     record.dataset = DatasetInfo(protocol.dataset.name, data.source, data.provenance)
+    record.feature_cache = getattr(data.images, "made_by", None) or None
     record.split = split.summary()
     record.started_at = _now()
     record.harness_version = harness.__version__

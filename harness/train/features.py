@@ -24,6 +24,8 @@ import json
 import logging
 import os
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +34,19 @@ import torch
 from tqdm import tqdm
 
 from harness.backbones import build_backbone, trunk_outputs, weights_sha256
+from harness.backbones.engine import build_engine, resolve_engine
 from harness.core import HarnessError, Protocol, RunContext, autocast, default_cache_dir
 from harness.core.devices import host_memory_free
 from harness.data import LabelledImages, Split, TrainPipeline, for_test
 from harness.data.cached import CachedViews
+from harness.data.prefetch import prefetched
 from harness.records import machine_fingerprint
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-BATCH = 16  # larger batches of 224 px images only add page faults on a CPU
+BATCH = 16  # torch: larger batches of 224 px images only add page faults on a CPU
+ENGINE_BATCH = 32  # onnxruntime: its fastest batch here (tests/benchmarks/bench_embed.py)
 _LOADED: dict[Path, CachedViews] = {}  # the last cache used: a sweep's runs share it
 
 
@@ -72,7 +77,17 @@ def cache_key(ctx: RunContext, data: LabelledImages, split: Split) -> dict[str, 
         "decoder": ctx.decoder,
         "device": ctx.device.type,
         "machine": machine_fingerprint(ctx.device)["id"],
-    }
+    } | _engine_key(ctx)
+
+
+def _engine_key(ctx: RunContext) -> dict[str, str]:
+    """The engine, when it is not torch (older caches, all torch's, keep their key)."""
+    name = engine_of(ctx)
+    if name == "torch":
+        return {}
+    import onnxruntime
+
+    return {"engine": f"{name} {onnxruntime.__version__}"}
 
 
 def cache_path(key: dict[str, Any]) -> Path:
@@ -108,7 +123,8 @@ def _load(path: Path, key: dict[str, Any]) -> CachedViews | None:
             log.warning("feature cache %s was made with %s: rebuilding it", path,
                         _differences(stored["key"], key))  # fmt: skip
             return None
-        views = CachedViews(stored["test"], stored["train"], stored["train_row"].numpy())
+        made_by = {**stored.get("made_by", {"engine": "torch"}), "loaded": str(path)}
+        views = CachedViews(stored["test"], stored["train"], stored["train_row"].numpy(), made_by)
     except Exception as exc:  # a truncated or foreign file: rebuilt, never trusted
         log.warning("feature cache %s cannot be read (%s): rebuilding it", path, exc)
         return None
@@ -128,7 +144,8 @@ def _save(path: Path, key: dict[str, Any], views: CachedViews) -> None:
     os.close(fd)
     try:
         torch.save({"key": key, "test": views.test, "train": views.train,
-                    "train_row": torch.from_numpy(views.train_row)}, tmp)  # fmt: skip
+                    "train_row": torch.from_numpy(views.train_row), "made_by": views.made_by},
+                   tmp)  # fmt: skip
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -163,49 +180,85 @@ def check_room(rows: int, values: int, path: Path) -> None:
         )
 
 
+class FrozenTrunk(torch.nn.Module):
+    """uint8 images -> the frozen stages' outputs (what the cache holds), normalisation and
+    the protocol's precision inside: the network an engine runs."""
+
+    def __init__(self, backbone: torch.nn.Module, frozen_stages: int, precision: str,
+                 device: torch.device) -> None:  # fmt: skip
+        super().__init__()
+        self.backbone, self.frozen_stages = backbone, frozen_stages
+        self.precision, self.device = precision, device
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.backbone.prepare(images)
+        with autocast(self.device, self.precision):
+            return trunk_outputs(self.backbone, x, self.frozen_stages)
+
+
+def _batches(ctx: RunContext, data: LabelledImages, train_rows: np.ndarray,
+             size: int) -> Iterator[torch.Tensor]:  # fmt: skip
+    """The uint8 batches the trunk runs on: every image's test view, then each train view of
+    the training images (decoded and augmented here, in the prefetch thread)."""
+    protocol = ctx.protocol
+    test_images = for_test(data.images, protocol.augmentation, protocol.backbone.input_size)
+    for s in range(0, len(data), size):
+        yield _loaded(test_images[s : s + size])
+    pipeline = TrainPipeline(protocol.augmentation.train, protocol.features.view_seed)
+    for view in range(protocol.features.train_views):
+        for s in range(0, len(train_rows), size):
+            rows = train_rows[s : s + size]
+            images = _loaded(data.images[torch.from_numpy(rows)])
+            if protocol.augmentation.train:
+                images = pipeline(images, view, rows.tolist())  # generator (view_seed, view, row)
+            yield images
+
+
 @torch.no_grad()
 def _compute(ctx: RunContext, data: LabelledImages, split: Split, path: Path) -> CachedViews:
     """The trunk's outputs, in eval mode (its BatchNorm statistics are ImageNet's), once the
-    cache is known to fit this machine."""
+    cache is known to fit this machine, run by the protocol's engine with the next batch
+    prepared beside it."""
     protocol, features = ctx.protocol, ctx.protocol.features
     spec = protocol.backbone
     if ctx.weights:
         spec = dataclasses.replace(spec, weights_file=ctx.weights)
     backbone = build_backbone(spec, data.images.shape[1]).to(ctx.device).eval()
+    network = FrozenTrunk(backbone, features.frozen_stages, protocol.precision, ctx.device)
     train_rows = np.sort(np.asarray(split.train, dtype=np.int64))
-    side = spec.input_size
-    probe = torch.zeros((1, data.images.shape[1], side, side), dtype=torch.uint8)
-    values = trunk_outputs(backbone, backbone.prepare(probe.to(ctx.device)),
-                           features.frozen_stages).shape[1]  # fmt: skip
+    side, channels = spec.input_size, data.images.shape[1]
+    example = torch.randint(0, 256, (2, channels, side, side), dtype=torch.uint8,
+                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+    values = network(example[:1].to(ctx.device)).shape[1]
     check_room(len(train_rows) * features.train_views + len(data), values, path)
-    pipeline = TrainPipeline(protocol.augmentation.train, features.view_seed)
+    engine = build_engine(network, example, engine_of(ctx), device=ctx.device, key={
+        "weights_sha256": weights_sha256(protocol.backbone, ctx.weights), "backbone": spec.name,
+        "frozen_stages": features.frozen_stages, "input": [channels, side, side]})  # fmt: skip
     total = len(train_rows) * features.train_views + len(data)
-    bar = tqdm(total=total, desc=f"feature cache ({protocol.name})", unit="img",
+    bar = tqdm(total=total, desc=f"feature cache ({protocol.name}, {engine.name})", unit="img",
                disable=not ctx.progress)  # fmt: skip
-
-    def run(images: torch.Tensor) -> torch.Tensor:
-        x = backbone.prepare(images.to(ctx.device))
-        with autocast(ctx.device, protocol.precision):
-            out = trunk_outputs(backbone, x, features.frozen_stages)
+    start, outputs = time.perf_counter(), []
+    size = BATCH if engine.name == "torch" else ENGINE_BATCH
+    for images in prefetched(_batches(ctx, data, train_rows, size)):
+        outputs.append(engine.run(images).to(torch.float16))
         bar.update(len(images))
-        return out.to("cpu", torch.float16)
-
-    test_images = for_test(data.images, protocol.augmentation, spec.input_size)
-    test = torch.cat([run(_loaded(test_images[s : s + BATCH])) for s in range(0, len(data), BATCH)])
-    train = []
-    for view in range(features.train_views):
-        chunks = []
-        for s in range(0, len(train_rows), BATCH):
-            rows = train_rows[s : s + BATCH]
-            images = _loaded(data.images[torch.from_numpy(rows)])
-            if protocol.augmentation.train:
-                images = pipeline(images, view, rows.tolist())  # generator (view_seed, view, row)
-            chunks.append(run(images))
-        train.append(torch.cat(chunks))
     bar.close()
+    seconds = time.perf_counter() - start
+    made_by = {**engine.provenance(), "seconds": round(seconds, 2),
+               "images_per_s": round(total / max(seconds, 1e-9), 1)}  # fmt: skip
+    log.info("feature cache: %d images in %.0f s (%.0f img/s, %s %s, %d threads)", total,
+             seconds, total / max(seconds, 1e-9), engine.name, engine.version, engine.threads)  # fmt: skip
+    flat = torch.cat(outputs)
+    test, train = flat[: len(data)], flat[len(data) :].view(features.train_views,
+                                                             len(train_rows), -1)  # fmt: skip
     train_row = np.full(len(data), -1, dtype=np.int64)
     train_row[train_rows] = np.arange(len(train_rows))
-    return CachedViews(test, torch.stack(train, dim=1), train_row)
+    return CachedViews(test, train.transpose(0, 1).contiguous(), train_row, made_by)
+
+
+def engine_of(ctx: RunContext) -> str:
+    """The engine the cache is computed with: the protocol's, on a CPU; torch on a GPU."""
+    return resolve_engine(ctx.protocol.features.engine, ctx.device)
 
 
 def _loaded(images: Any) -> torch.Tensor:
