@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_DIR = PROTOCOL_DIR / "calibration"
 KEYS = ("schema", "protocol", "validation_fraction", "seed", "methods", "zero_shot", "grid",
-        "sweep_budget_minutes", "description")  # fmt: skip
+        "sweep_budget_minutes", "description", "limits")  # fmt: skip
 # what a grid may set: what trains after the trunk, and how the trunk is cached
 SETTABLE = ("features", "budget", "optimizer", "schedule", "embedding_dim", "sampler",
             "precision")  # fmt: skip
@@ -81,6 +81,8 @@ class Calibration:
     sweep_budget_minutes: float
     description: str = ""
     zero_shot: str = ""  # the method that trains nothing: the pretrained features' own row
+    # setting -> why no value beyond the grid's edge exists (e.g. the network's last stage)
+    limits: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def candidates(self) -> list[dict[str, Any]]:
         """Every combination of the grid's values, as dotted key -> value."""
@@ -127,6 +129,7 @@ def load_calibration(name_or_path: str) -> Calibration:
         methods=[str(m) for m in data["methods"]], grid=dict(data["grid"] or {}),
         sweep_budget_minutes=float(data.get("sweep_budget_minutes", 90)),
         description=str(data.get("description", "")), zero_shot=str(data["zero_shot"]),
+        limits={str(k): str(v) for k, v in (data.get("limits") or {}).items()},
     )  # fmt: skip
     check_calibration(calibration, str(path))
     return calibration
@@ -157,6 +160,10 @@ def check_calibration(calibration: Calibration, where: str) -> None:
                                f"{closest(name, METHODS.names())}")  # fmt: skip
     if not calibration.methods:
         raise HarnessError(f"{where}: methods is empty: name the reference methods")
+    for key in calibration.limits:
+        if key not in calibration.grid:
+            raise HarnessError(f"{where}: limits names {key!r}, which the grid does not set"
+                               f"{closest(key, list(calibration.grid))}")  # fmt: skip
 
 
 def _raw(protocol: Protocol) -> dict[str, Any]:
@@ -213,8 +220,17 @@ def record_path(results_dir: str | Path, name: str) -> Path:
     return Path(results_dir) / "calibration" / f"{name}.json"
 
 
+def described(calibration: Calibration) -> dict[str, Any]:
+    """The calibration as its record holds it (no `limits` key when it names none, as the
+    records made before limits existed)."""
+    data = dataclasses.asdict(calibration)
+    if not data["limits"]:
+        data.pop("limits")
+    return data
+
+
 def _read(path: Path, calibration: Calibration, base: Protocol) -> dict[str, Any]:
-    fresh = {"format": FORMAT, "calibration": dataclasses.asdict(calibration),
+    fresh = {"format": FORMAT, "calibration": described(calibration),
              "protocol": base.name, "protocol_version": base.version, "runs": {},
              "caches": {}}  # fmt: skip
     if not path.is_file():
@@ -392,11 +408,47 @@ def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, in
                                                              views, sizes, calibration.zero_shot), 1)})  # fmt: skip
     fitting = [r for r in rows if r["sweep_minutes"] <= calibration.sweep_budget_minutes]
     best = max(fitting, key=lambda r: r["mean_map@r"]) if fitting else None
+    settings = next((c for c in calibration.candidates()
+                     if best and candidate_id(c) == best["candidate"]), None)  # fmt: skip
     return {"candidates": sorted(rows, key=lambda r: -r["mean_map@r"]), "sizes": sizes,
-            "chosen": best["candidate"] if best else None,
-            "chosen_settings": next((c for c in calibration.candidates()
-                                     if best and candidate_id(c) == best["candidate"]), None),
-            "learns": bool(best and best["gain_over_zero_shot"] > 0)}  # fmt: skip
+            "chosen": best["candidate"] if best else None, "chosen_settings": settings,
+            "learns": bool(best and best["gain_over_zero_shot"] > 0),
+            "positions": positions(record, calibration, settings, rows) if settings else {}}  # fmt: skip
+
+
+def positions(record: dict[str, Any], calibration: Calibration, chosen: dict[str, Any],
+              rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """For each setting of the choice: whether a candidate that differs in that setting alone
+    was tried on each side of the chosen value (`interior`), and, at an edge, the limit that
+    explains it: the calibration's own (`limits`), or the sweep budget when the next value's
+    sweep was over it (not run, or run and estimated over)."""
+    over = {r["candidate"] for r in rows if r["sweep_minutes"] > calibration.sweep_budget_minutes}
+    over |= set(record.get("skipped", {}))
+    tried = {r["candidate"] for r in rows} | over
+    out = {}
+    for key, values in calibration.grid.items():
+        value = chosen[key]
+        ordered = sorted(values) if all(isinstance(v, (int, float)) for v in values) else values
+        at = ordered.index(value)
+        sides = {}
+        for side, neighbours in (("below", ordered[:at][::-1]), ("above", ordered[at + 1 :])):
+            ids = [candidate_id({**chosen, key: v}) for v in neighbours]
+            sides[side] = next((v for v, i in zip(neighbours, ids, strict=True) if i in tried),
+                               None)  # fmt: skip
+            sides[f"{side}_over_budget"] = bool(ids) and ids[0] in over
+        limit = calibration.limits.get(key)
+        if len(values) == 1:
+            where = "fixed"
+        elif sides["below"] is not None and sides["above"] is not None:
+            where = "interior"
+        else:
+            where = "edge"
+            if limit is None and (sides["above_over_budget"] or sides["below_over_budget"]):
+                limit = (f"the next value's sweep is over the budget of "
+                         f"{calibration.sweep_budget_minutes:g} minutes")  # fmt: skip
+        out[key] = {"value": value, "position": where, "tried_below": sides["below"],
+                    "tried_above": sides["above"], "limit": limit if where == "edge" else None}  # fmt: skip
+    return out
 
 
 def markdown(record: dict[str, Any], calibration: Calibration) -> str:
@@ -426,4 +478,20 @@ def markdown(record: dict[str, Any], calibration: Calibration) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     caches = "; ".join(f"{k}: {v:.0f} s" for k, v in record["caches"].items())
     lines += ["", f"Feature caches of the calibration's images: {caches}.", ""]
+    if choice.get("positions"):
+        lines += ["Where each chosen value sits in its grid (`interior`: a tried neighbour on "
+                  "both sides; `edge`: the limit that stops the grid there, if any):", "",
+                  "| setting | chosen | position | tried below | tried above | limit |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for key, p in choice["positions"].items():
+            cells = [
+                key,
+                p["value"],
+                p["position"],
+                p["tried_below"],
+                p["tried_above"],
+                p["limit"] or ("" if p["position"] != "edge" else "none named: widen it"),
+            ]
+            lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+        lines.append("")
     return "\n".join(lines)

@@ -265,6 +265,48 @@ def test_the_choice_is_the_best_mean_among_candidates_whose_sweep_fits():
     assert choice["chosen_settings"] == {"budget.epochs": 30}
 
 
+def test_the_record_says_whether_each_choice_is_inside_its_grid_or_at_a_named_limit():
+    spec = cal.Calibration("c", "p", 0.3, 0, ["a"], {"budget.epochs": [10, 30, 100],
+                           "optimizer.lr": [0.001, 0.0001], "embedding_dim": [512]},
+                           sweep_budget_minutes=60, zero_shot="untrained")  # fmt: skip
+    sizes = {"train": 100, "images": 200, "calibration_train": 100, "calibration_images": 200,
+             "seeds": 1, "methods": 1}  # fmt: skip
+
+    def run(score, seconds):
+        return {
+            "untrained": {"map@r": 0.3, "seconds": 0},
+            "a": {"map@r": score, "seconds": seconds},
+        }
+
+    def ids(epochs, lr):
+        return f"budget.epochs={epochs}, optimizer.lr={lr}, embedding_dim=512"
+
+    runs = {ids(10, 0.0001): run(0.40, 60), ids(30, 0.0001): run(0.50, 180),
+            ids(100, 0.0001): run(0.45, 600), ids(30, 0.001): run(0.42, 180)}  # fmt: skip
+    choice = cal.choose({"runs": runs, "caches": {}}, spec, sizes)
+    where = choice["positions"]
+    assert choice["chosen"] == ids(30, 0.0001)
+    assert where["budget.epochs"] == {"value": 30, "position": "interior", "tried_below": 10,
+                                      "tried_above": 100, "limit": None}  # fmt: skip
+    # the smaller learning rate is the grid's edge, and nothing names a limit there
+    assert where["optimizer.lr"]["position"] == "edge" and where["optimizer.lr"]["limit"] is None
+    assert where["optimizer.lr"]["tried_above"] == 0.001
+    assert where["embedding_dim"]["position"] == "fixed"
+    # 100 epochs over the budget: 30 at the edge of what fits, the budget named as the limit
+    fewer = replace(spec, grid={**spec.grid, "budget.epochs": [10, 30]},
+                    limits={"optimizer.lr": "the smallest rate the budget trains to the end"})  # fmt: skip
+    slow = {ids(10, 0.0001): run(0.40, 60), ids(30, 0.0001): run(0.50, 6000),
+            ids(30, 0.001): run(0.38, 60)}  # fmt: skip
+    record = {"runs": slow, "caches": {}, "skipped": {}}
+    where = cal.choose(record, fewer, sizes)["positions"]
+    assert where["budget.epochs"]["position"] == "edge" and where["budget.epochs"]["value"] == 10
+    assert "over the budget of 60 minutes" in where["budget.epochs"]["limit"]
+    assert where["optimizer.lr"]["limit"] == "the smallest rate the budget trains to the end"
+    assert "| budget.epochs | 10 | edge | - | 30 |" in cal.markdown(
+        {**record, "choice": cal.choose(record, fewer, sizes)}, fewer
+    )
+
+
 def test_a_candidate_is_projected_from_a_finished_one_on_the_same_trunk():
     spec = cal.Calibration("c", "p", 0.3, 0, ["a"],
                            {"features.frozen_stages": [8, 7], "budget.epochs": [10, 30]}, 90,
@@ -301,7 +343,7 @@ def test_each_committed_protocol_holds_its_calibrations_choice(name, calibration
     assert record["protocol_version"] == load_protocol(calibration).version
     # the committed record is the committed calibration file's
     assert record["calibration"] == json.loads(
-        json.dumps(cal.load_calibration(calibration).__dict__)
+        json.dumps(cal.described(cal.load_calibration(calibration)))
     )
 
 
