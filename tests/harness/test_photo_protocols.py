@@ -177,6 +177,7 @@ def calibration_file(tmp_path: Path, protocol_file: Path, name: str = "calibrati
     ({"grid": {"optimiser.lr": [1]}}, "unknown setting 'optimiser.lr'.*optimizer"),
     ({"methods": ["contrastiv"]}, "unknown method 'contrastiv'.*contrastive"),
     ({"grid": {"budget.steps": []}}, "non-empty list"),
+    ({"limits": {"budget.epochs": "x"}}, "limits names 'budget.epochs', which the grid does not set"),
 ])  # fmt: skip
 def test_a_calibration_that_would_read_test_classes_or_is_malformed_is_one_line(
     tmp_path, capsys, changes, message
