@@ -31,7 +31,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from harness.core import HarnessError, default_cache_dir, default_data_dir, program_name
+from harness.core import (
+    HarnessError,
+    default_cache_dir,
+    default_data_dir,
+    file_sha256,
+    program_name,
+)
 from harness.core.paths import PROTOCOL_DIR
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
@@ -75,16 +81,16 @@ SETS = {
         PhotoSet("cub100", "483798f945ad93a5be92ef60ee4369440e1352dcb1e0e7775f6ecd22bfa5b297",
                  "serizba/vision", "16a8a47ea88abb31d9b61b81dbbe09347bf72385",
                  "CUB-200-2011's: research and non-commercial use only (Wah et al., 2011)",
-                 "a repository archive of about 60 MB; 57 MB kept"),
+                 "the repository's whole archive is downloaded; 57 MB kept"),
         PhotoSet("cars196_mini", "2999500f41527c86a780bf9622013e0fbbdfb530e1d2c299cd4819dbe7782c0b",
                  "fmejbah/car_dataset1", "2ac6920297f51277ac4e24afd231c46d35077831",
                  "Stanford Cars' (Krause et al., 2013): no licence was published; treat as "
                  "non-commercial research use only, images owned by their copyright holders",
-                 "part of a repository archive of about 160 MB with the groceries; 72 MB kept"),
+                 "the repository's whole archive (about 160 MB with the groceries'); 72 MB kept"),
         PhotoSet("grocery_store_mini", "679f15ca4daa8b2bbd7733bedd5290e8982fab3b6c80a9261f4842b279adba75",
                  "marcusklasson/GroceryStoreDataset", "fc80ba90f803d79d0383df52c5a4ac5de99ff6fc",
                  "MIT (Klasson et al., WACV 2019): keep the copyright notice and licence",
-                 "part of a repository archive of about 160 MB with the cars; 73 MB kept"),
+                 "the repository's whole archive (about 160 MB with the cars'); 73 MB kept"),
     )
 }  # fmt: skip
 
@@ -238,7 +244,7 @@ def _listed(paths: list[str], what: str) -> str:
 
 
 def _other_dataset(names: set[str], name: str) -> str:
-    """`, the files of <other>` when the container holds another dataset's files."""
+    """`; it holds <other>'s files` when the container holds another dataset's files."""
     for other in SETS:
         if other != name and names & set(manifest(other).expected):
             return f"; it holds {other}'s files, not {name}'s"
@@ -256,7 +262,7 @@ def verify(name: str, files: DataFiles, how_to_fix: str) -> DataFiles:
     provenance = (stamp or {}).get("provenance", {"exact": True})
     differs = provenance.get("differing", {})  # files derived by another Pillow: their sha256
     expected = want.expected
-    published = files.kind == "zip" and _sha256_file(files.path) == SETS[name].zip_sha256
+    published = files.kind == "zip" and file_sha256(files.path) == SETS[name].zip_sha256
     names = files.names()
     missing = sorted(set(expected) - set(names))
     extra = sorted(set(names) - set(expected))
@@ -283,12 +289,6 @@ def _sha256_of(files: DataFiles, name: str) -> str | None:
         return hashlib.sha256(files.read(name)).hexdigest()
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError):
         return None
-
-
-def _sha256_file(path: Path) -> str:
-    from harness.core import file_sha256
-
-    return file_sha256(path)
 
 
 def find(name: str, root: Path) -> DataFiles | None:

@@ -263,17 +263,19 @@ def open_data(name: str, data_root: Path | None) -> DataFiles:
     spec = SETS[name]
     roots = [Path(data_root).expanduser()] if data_root is not None else [spec.shared_root,
                                                                           spec.user_root]  # fmt: skip
-    fix = f"fetch it again with `{spec.fetch_command(data_root)}`"
     for root in roots:
         files = find(name, root)
         if files is not None:
+            fix = f"fetch it again with `{spec.fetch_command(data_root)}`"
+            if files.kind == "zip":
+                fix = f"delete {files.path}, then fetch it with `{spec.fetch_command(root)}`"
             try:
                 return verify(name, files, fix)
             except BaseException:
                 files.__exit__()
                 raise
     if fetch_wanted():
-        return verify(name, fetch(name, roots[-1]), fix)
+        return verify(name, fetch(name, roots[-1]), "fetch it again with --force")
     tops = "/, ".join(manifest(name).tops)
     where = f"--data-root {roots[0]}" if data_root is not None else \
         f"{spec.shared_root} or {spec.user_root}"  # fmt: skip
