@@ -53,6 +53,16 @@ class Engine:
         return {"engine": self.name, "version": self.version, "threads": self.threads}
 
 
+def onnxruntime_module() -> Any:
+    """onnxruntime, or one line saying how to install it."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise HarnessError("engine onnxruntime is not installed: pip install -r "
+                           "requirements.lock (or use the torch engine)") from None  # fmt: skip
+    return onnxruntime
+
+
 def check_threads(threads: int | None) -> int:
     """The engine's thread count: `threads`, else torch's; below 1 is one line."""
     if threads is None:
@@ -89,11 +99,7 @@ def build_engine(
             return network(images.to(device)).float().cpu()
 
         return Engine("torch", str(torch.__version__), threads, run_torch)
-    try:
-        import onnxruntime
-    except ImportError:
-        raise HarnessError("engine onnxruntime is not installed: pip install -r "
-                           "requirements.lock (or use the torch engine)") from None  # fmt: skip
+    onnxruntime = onnxruntime_module()
     session = _session(network.cpu(), example.cpu(), key, threads, onnxruntime)
 
     def run_onnx(images: torch.Tensor) -> torch.Tensor:

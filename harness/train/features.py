@@ -34,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from harness.backbones import build_backbone, trunk_outputs, weights_sha256
-from harness.backbones.engine import build_engine, resolve_engine
+from harness.backbones.engine import build_engine, onnxruntime_module, resolve_engine
 from harness.core import HarnessError, Protocol, RunContext, autocast, default_cache_dir
 from harness.core.devices import host_memory_free
 from harness.data import LabelledImages, Split, TrainPipeline, for_test
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 BATCH = 16  # torch: larger batches of 224 px images only add page faults on a CPU
-ENGINE_BATCH = 32  # onnxruntime: its fastest batch here (tests/benchmarks/bench_embed.py)
+ENGINE_BATCH = 32  # onnxruntime: its fastest batch here (tests/benchmarks/embed_rate.py)
 _LOADED: dict[Path, CachedViews] = {}  # the last cache used: a sweep's runs share it
 
 
@@ -85,9 +85,7 @@ def _engine_key(ctx: RunContext) -> dict[str, str]:
     name = engine_of(ctx)
     if name == "torch":
         return {}
-    import onnxruntime
-
-    return {"engine": f"{name} {onnxruntime.__version__}"}
+    return {"engine": f"{name} {onnxruntime_module().__version__}"}
 
 
 def cache_path(key: dict[str, Any]) -> Path:

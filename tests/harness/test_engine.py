@@ -63,8 +63,14 @@ def test_an_onnx_file_that_is_not_the_networks_is_refused_before_anything_is_cac
     assert not list((tmp_path / "cache" / "features").glob("*.pt"))
 
 
-def test_an_engine_that_is_not_installed_is_one_line(tmp_path, monkeypatch):
+def test_an_engine_that_is_not_installed_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails
+    monkeypatch.setenv("DML_HARNESS_CACHE", str(tmp_path / "cache"))
+    code = main(["run", "--protocol", str(engine_protocol(tmp_path)), "--method", "contrastive",
+                 "--seeds", "0", "--data-root", str(tmp_path / "data"), "--results-dir",
+                 str(tmp_path / "results"), "-q"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "engine onnxruntime is not installed" in err[0], err
     network = torch.nn.Identity()
     with pytest.raises(HarnessError, match="engine onnxruntime is not installed"):
         eng.build_engine(network, torch.zeros(1, 3, 4, 4, dtype=torch.uint8), "onnxruntime",
