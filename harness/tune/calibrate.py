@@ -240,11 +240,35 @@ def _read(path: Path, calibration: Calibration, base: Protocol) -> dict[str, Any
     except (OSError, json.JSONDecodeError):
         log.warning("calibration record %s cannot be read: starting it again", path)
         return fresh
+    if stored.get("format") == FORMAT and _widened(stored.get("calibration"), fresh["calibration"]):
+        ids = {candidate_id(c) for c in calibration.candidates()}
+        kept = {cid: runs for cid, runs in stored["runs"].items() if cid in ids}
+        log.info("calibration record %s: its grid changed; the %d finished candidates still in "
+                 "it are kept", path, len(kept))  # fmt: skip
+        return {
+            **stored,
+            "calibration": fresh["calibration"],
+            "runs": kept,
+            "skipped": {k: v for k, v in stored.get("skipped", {}).items() if k in ids},
+        }
     if stored.get("calibration") != fresh["calibration"] or stored.get("format") != FORMAT:
         log.warning("calibration record %s was made by another calibration file: starting "
                     "it again", path)  # fmt: skip
         return fresh
     return stored
+
+
+def _widened(old: Any, new: dict[str, Any]) -> bool:
+    """Whether `new` is `old` with other values in its grid (the same settings, in the same
+    order, and the same protocol, classes, methods, seed and budget): its finished
+    candidates are the same runs, and a widened grid need not run them again."""
+    if not isinstance(old, dict) or old == new:
+        return False
+    loose = ("grid", "limits", "description")
+    same = {k: v for k, v in old.items() if k not in loose} == {
+        k: v for k, v in new.items() if k not in loose
+    }
+    return same and list(old.get("grid", {})) == list(new["grid"])
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
@@ -419,12 +443,13 @@ def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, in
 def positions(record: dict[str, Any], calibration: Calibration, chosen: dict[str, Any],
               rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:  # fmt: skip
     """For each setting of the choice: whether a candidate that differs in that setting alone
-    was tried on each side of the chosen value (`interior`), and, at an edge, the limit that
-    explains it: the calibration's own (`limits`), or the sweep budget when the next value's
-    sweep was over it (not run, or run and estimated over)."""
+    was tried on each side of the chosen value (`interior`; a neighbour run and found over
+    the budget, or not run for it, counts as tried), and, at an edge, the limit that explains
+    it: the calibration's own (`limits`), or, for a longer training budget, the sweep budget
+    when twice the chosen budget would be over it (time per run scales with the budget)."""
     over = {r["candidate"] for r in rows if r["sweep_minutes"] > calibration.sweep_budget_minutes}
-    over |= set(record.get("skipped", {}))
-    tried = {r["candidate"] for r in rows} | over
+    tried = {r["candidate"] for r in rows} | over | set(record.get("skipped", {}))
+    minutes = {r["candidate"]: r["sweep_minutes"] for r in rows}[candidate_id(chosen)]
     out = {}
     for key, values in calibration.grid.items():
         value = chosen[key]
@@ -432,22 +457,22 @@ def positions(record: dict[str, Any], calibration: Calibration, chosen: dict[str
         at = ordered.index(value)
         sides = {}
         for side, neighbours in (("below", ordered[:at][::-1]), ("above", ordered[at + 1 :])):
-            ids = [candidate_id({**chosen, key: v}) for v in neighbours]
-            sides[side] = next((v for v, i in zip(neighbours, ids, strict=True) if i in tried),
-                               None)  # fmt: skip
-            sides[f"{side}_over_budget"] = bool(ids) and ids[0] in over
+            sides[side] = next((v for v in neighbours
+                                if candidate_id({**chosen, key: v}) in tried), None)  # fmt: skip
         limit = calibration.limits.get(key)
         if len(values) == 1:
             where = "fixed"
         elif sides["below"] is not None and sides["above"] is not None:
-            where = "interior"
+            where, limit = "interior", None
         else:
             where = "edge"
-            if limit is None and (sides["above_over_budget"] or sides["below_over_budget"]):
-                limit = (f"the next value's sweep is over the budget of "
-                         f"{calibration.sweep_budget_minutes:g} minutes")  # fmt: skip
+            budget = calibration.sweep_budget_minutes
+            if (limit is None and key in ("budget.epochs", "budget.steps")
+                    and sides["above"] is None and 2 * minutes > budget):  # fmt: skip
+                limit = (f"the sweep budget: twice {value} would take about {2 * minutes:.0f} "
+                         f"minutes, over {budget:g}")  # fmt: skip
         out[key] = {"value": value, "position": where, "tried_below": sides["below"],
-                    "tried_above": sides["above"], "limit": limit if where == "edge" else None}  # fmt: skip
+                    "tried_above": sides["above"], "limit": limit}  # fmt: skip
     return out
 
 

@@ -241,6 +241,19 @@ def test_calibration_reads_only_validation_classes_and_chooses_the_best_within_b
     monkeypatch.setattr("harness.train.train_model", lambda *a, **k: pytest.fail("trained again"))
     again = cal.calibrate(str(calibration), tmp_path / "clean", str(tmp_path / "data"), "cpu")
     assert scores(again) == scores(clean)
+    # a grid widened with other values keeps its finished candidates: only the new ones train
+    wider = calibration_file(tmp_path, protocol_file, grid={"budget.steps": [1, 3],
+                                                            "optimizer.lr": [0.001, 0.01]})  # fmt: skip
+    trained = []
+    monkeypatch.setattr("harness.train.train_model",
+                        lambda ctx, *a, **k: trained.append(ctx.protocol.optimizer.lr) or
+                        pytest.fail("stop after the first new run"))  # fmt: skip
+    with pytest.raises(pytest.fail.Exception):
+        cal.calibrate(str(wider), tmp_path / "clean", str(tmp_path / "data"), "cpu")
+    assert trained == [0.01]  # the first candidate not in the old grid, not an old one
+    kept = json.loads((tmp_path / "clean/calibration/calibration.json").read_text())
+    assert {c: {m: r["map@r"] for m, r in runs.items()} for c, runs in kept["runs"].items()
+            if "0.001" in c} == scores(clean)  # fmt: skip
 
 
 def test_the_choice_is_the_best_mean_among_candidates_whose_sweep_fits():
@@ -293,19 +306,27 @@ def test_the_record_says_whether_each_choice_is_inside_its_grid_or_at_a_named_li
     assert where["optimizer.lr"]["position"] == "edge" and where["optimizer.lr"]["limit"] is None
     assert where["optimizer.lr"]["tried_above"] == 0.001
     assert where["embedding_dim"]["position"] == "fixed"
-    # 100 epochs over the budget: 30 at the edge of what fits, the budget named as the limit
-    fewer = replace(spec, grid={**spec.grid, "budget.epochs": [10, 30]},
-                    limits={"optimizer.lr": "the smallest rate the budget trains to the end"})  # fmt: skip
-    slow = {ids(10, 0.0001): run(0.40, 60), ids(30, 0.0001): run(0.50, 6000),
+    # the longest budget chosen, and twice it would be over the budget: the budget is named
+    shorter = replace(spec, grid={**spec.grid, "budget.epochs": [10, 30]},
+                      limits={"optimizer.lr": "the smallest rate the budget trains to the end"})  # fmt: skip
+    slow = {ids(10, 0.0001): run(0.40, 60), ids(30, 0.0001): run(0.50, 2000),
             ids(30, 0.001): run(0.38, 60)}  # fmt: skip
     record = {"runs": slow, "caches": {}, "skipped": {}}
-    where = cal.choose(record, fewer, sizes)["positions"]
-    assert where["budget.epochs"]["position"] == "edge" and where["budget.epochs"]["value"] == 10
-    assert "over the budget of 60 minutes" in where["budget.epochs"]["limit"]
+    choice = cal.choose(record, shorter, sizes)
+    where = choice["positions"]
+    assert choice["chosen"] == ids(30, 0.0001)  # 2000 s a run: a sweep of 33 minutes
+    assert where["budget.epochs"]["position"] == "edge" and where["budget.epochs"]["value"] == 30
+    assert where["budget.epochs"]["limit"] == ("the sweep budget: twice 30 would take about 67 "
+                                               "minutes, over 60")  # fmt: skip
     assert where["optimizer.lr"]["limit"] == "the smallest rate the budget trains to the end"
-    assert "| budget.epochs | 10 | edge | - | 30 |" in cal.markdown(
-        {**record, "choice": cal.choose(record, fewer, sizes)}, fewer
+    assert "| budget.epochs | 30 | edge | 10 | - | the sweep budget" in cal.markdown(
+        {**record, "choice": choice}, shorter
     )
+    # a neighbour run and found over the budget counts as tried: 30 is then interior
+    over = {**slow, ids(100, 0.0001): run(0.55, 6000)}
+    where = cal.choose({"runs": over, "caches": {}}, spec, sizes)["positions"]
+    assert where["budget.epochs"]["position"] == "interior"
+    assert where["budget.epochs"]["tried_above"] == 100
 
 
 def test_a_candidate_is_projected_from_a_finished_one_on_the_same_trunk():
