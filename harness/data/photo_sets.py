@@ -1,7 +1,8 @@
 """The real-photo datasets (cub100, cars196_mini, grocery_store_mini) as their files, not
 their container.
 
-Each dataset's identity is a manifest shipped in the package (`manifests/<name>.sources.csv.gz`):
+Each dataset's identity is a manifest shipped in the package (`manifests/<name>.manifest.csv.gz`,
+the rows of the dataset's `<name>.sources.csv.gz` sorted by file, its columns reordered):
 every file's path in the dataset, its source in a public GitHub repository at a pinned commit,
 the rule that derives it from the source and the sha256 of the result. A few files the
 dataset's builder wrote (a labels table, a licence) ship whole in `manifests/<name>.extra.zip`.
@@ -138,7 +139,7 @@ def manifest(name: str) -> Manifest:
     """The shipped manifest of dataset `name`."""
     if name not in SETS:
         raise HarnessError(f"no shipped manifest for {name!r}; known: {', '.join(SETS)}")
-    with gzip.open(MANIFESTS / f"{name}.sources.csv.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(MANIFESTS / f"{name}.manifest.csv.gz", "rt", encoding="utf-8") as f:
         rows = tuple(Row(**r) for r in csv.DictReader(f))
     extra: dict[str, bytes] = {}
     if (MANIFESTS / f"{name}.extra.zip").is_file():
