@@ -242,6 +242,23 @@ class EvaluationSpec:
 
 
 @dataclass(frozen=True)
+class TuningSpec:
+    """How `harness tune` scores a protocol that carves no validation classes of its own (a
+    sweep that trains on every training class): `validation_fraction` of the training classes
+    (the last sorted ones, as `split.validation_fraction` carves them) validate each trial,
+    and the tuned configuration then trains on all of them under the protocol itself. 0 (the
+    default): tune under the protocol's own split, which must carve validation classes. Not
+    part of the protocol's hash: it changes no run of the protocol, and a tuned run records
+    its study (whose name holds the tuning split's hash)."""
+
+    validation_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.validation_fraction < 1,
+               "tuning.validation_fraction must be in [0, 1) (0: the protocol's own split)")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class PaperSpec:
     """The published results a paper protocol is compared with, in the leaderboard.
 
@@ -281,6 +298,7 @@ class Protocol:
     paper: PaperSpec = field(default_factory=PaperSpec)
     augmentation: AugmentationSpec = field(default_factory=AugmentationSpec)
     features: FeaturesSpec = field(default_factory=FeaturesSpec)
+    tuning: TuningSpec = field(default_factory=TuningSpec)
     # the backbone's and head's arithmetic (harness.core.precision): fp32, bf16 or fp16
     precision: str = "fp32"
     path: str = field(default="", compare=False)
@@ -315,6 +333,7 @@ class Protocol:
         """The protocol as plain data (what the hash covers; the file path is not part of it)."""
         data = dataclasses.asdict(self)
         data.pop("path")
+        data.pop("tuning")  # how `tune` validates changes no run of the protocol
         # fields added later are left out at their defaults, so older protocols keep their hash
         data["backbone"].pop("weights_file")  # where the weights are, not what they are
         if not data["backbone"]["channels_last"]:

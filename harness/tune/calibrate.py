@@ -55,12 +55,14 @@ from harness.core import (
 from harness.core.paths import PROTOCOL_DIR
 from harness.core.protocol import parse_protocol
 from harness.sweep import check_protocol
+from harness.tune.trial import without_test
 
 log = logging.getLogger(__name__)
 
 CALIBRATION_DIR = PROTOCOL_DIR / "calibration"
 KEYS = ("schema", "protocol", "validation_fraction", "seed", "methods", "zero_shot", "grid",
-        "sweep_budget_minutes", "description", "limits")  # fmt: skip
+        "sweep_budget_minutes", "description", "limits", "search")  # fmt: skip
+SEARCHES = ("grid", "neighbours")
 # what a grid may set: what trains after the trunk, and how the trunk is cached
 SETTABLE = ("features", "budget", "optimizer", "schedule", "embedding_dim", "sampler",
             "precision")  # fmt: skip
@@ -83,6 +85,10 @@ class Calibration:
     zero_shot: str = ""  # the method that trains nothing: the pretrained features' own row
     # setting -> why no value beyond the grid's edge exists (e.g. the network's last stage)
     limits: dict[str, str] = dataclasses.field(default_factory=dict)
+    # `grid`: every combination runs; `neighbours`: a walk from the best finished candidate
+    # to its untried neighbours (one setting one step along its sorted values) until every
+    # neighbour of the best has been tried, so a wide grid costs only the steps around it
+    search: str = "grid"
 
     def candidates(self) -> list[dict[str, Any]]:
         """Every combination of the grid's values, as dotted key -> value."""
@@ -130,6 +136,7 @@ def load_calibration(name_or_path: str) -> Calibration:
         sweep_budget_minutes=float(data.get("sweep_budget_minutes", 90)),
         description=str(data.get("description", "")), zero_shot=str(data["zero_shot"]),
         limits={str(k): str(v) for k, v in (data.get("limits") or {}).items()},
+        search=str(data.get("search", "grid")),
     )  # fmt: skip
     check_calibration(calibration, str(path))
     return calibration
@@ -160,6 +167,9 @@ def check_calibration(calibration: Calibration, where: str) -> None:
                                f"{closest(name, METHODS.names())}")  # fmt: skip
     if not calibration.methods:
         raise HarnessError(f"{where}: methods is empty: name the reference methods")
+    if calibration.search not in SEARCHES:
+        raise HarnessError(f"{where}: search {calibration.search!r} is not one of "
+                           f"{', '.join(SEARCHES)}{closest(calibration.search, list(SEARCHES))}")  # fmt: skip
     for key in calibration.limits:
         if key not in calibration.grid:
             raise HarnessError(f"{where}: limits names {key!r}, which the grid does not set"
@@ -202,20 +212,6 @@ def cache_id(candidate: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in candidate.items() if k.startswith("features.")) or "-"
 
 
-def without_test(prepared: Any) -> tuple[Any, Any]:
-    """The data of the training and validation classes only, and its split (test empty)."""
-    from harness.data import Split
-
-    split = prepared.split
-    keep = np.sort(np.concatenate([split.train, split.validation]))
-    data = prepared.data.subset(keep)
-    position = {int(row): n for n, row in enumerate(keep)}
-    train = np.array([position[int(r)] for r in split.train], dtype=np.int64)
-    validation = np.array([position[int(r)] for r in split.validation], dtype=np.int64)
-    return data, Split(train, validation, np.zeros(0, np.int64), split.train_classes,
-                       split.validation_classes, [])  # fmt: skip
-
-
 def record_path(results_dir: str | Path, name: str) -> Path:
     return Path(results_dir) / "calibration" / f"{name}.json"
 
@@ -226,6 +222,8 @@ def described(calibration: Calibration) -> dict[str, Any]:
     data = dataclasses.asdict(calibration)
     if not data["limits"]:
         data.pop("limits")
+    if data["search"] == "grid":
+        data.pop("search")
     return data
 
 
@@ -259,16 +257,17 @@ def _read(path: Path, calibration: Calibration, base: Protocol) -> dict[str, Any
 
 
 def _widened(old: Any, new: dict[str, Any]) -> bool:
-    """Whether `new` is `old` with other values in its grid (the same settings, in the same
-    order, and the same protocol, classes, methods, seed and budget): its finished
-    candidates are the same runs, and a widened grid need not run them again."""
+    """Whether `new` is `old` with other values in its grid (the same settings, and the same
+    protocol, classes, methods, seed and budget): its finished candidates are the same runs,
+    and a widened grid need not run them again."""
     if not isinstance(old, dict) or old == new:
         return False
-    loose = ("grid", "limits", "description")
+    loose = ("grid", "limits", "description", "search")
     same = {k: v for k, v in old.items() if k not in loose} == {
         k: v for k, v in new.items() if k not in loose
     }
-    return same and list(old.get("grid", {})) == list(new["grid"])
+    # the same settings (a record's keys are stored sorted, so not their order)
+    return same and sorted(old.get("grid", {})) == sorted(new["grid"])
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
@@ -299,31 +298,82 @@ def calibrate(
     record = _read(path, calibration, base)
     record.setdefault("skipped", {})
     sizes = _sizes(base, protocols[0], data_root)
-    for n, (candidate, protocol) in enumerate(zip(candidates, protocols, strict=True), 1):
-        cid = candidate_id(candidate)
-        runs = record["runs"].get(cid, {})
-        if (
-            all(m in runs for m in [calibration.zero_shot, *calibration.methods])
-            or cid in record["skipped"]
-        ):
-            continue
-        projected = projected_minutes(record, calibration, candidate, sizes)
-        if projected is not None and projected[0] > calibration.sweep_budget_minutes:
-            record["skipped"][cid] = {"projected_sweep_minutes": round(projected[0], 1),
-                                      "from": projected[1]}  # fmt: skip
-            log.info("%s: not run: its sweep would take about %.0f minutes (projected from %s), "
-                     "over the budget", cid, projected[0], projected[1])  # fmt: skip
-            record["runs"].pop(cid, None)
-            _write(path, record)
-            continue
-        log.info("candidate %d of %d: %s", n, len(candidates), cid)
-        ctx = RunContext(protocol, calibration.seed, resolve_device(device), max_steps=max_steps,
-                         data_root=data_root, progress=progress)  # fmt: skip
-        _run_candidate(ctx, calibration, candidate, record, path)
+    by_id = {candidate_id(c): (c, p) for c, p in zip(candidates, protocols, strict=True)}
+    done: set[str] = set()
+    while True:
+        todo = (candidates if calibration.search == "grid"
+                else next_neighbours(record, calibration, sizes))  # fmt: skip
+        todo = [c for c in todo if candidate_id(c) not in done]
+        if not todo:
+            break
+        for candidate in todo:
+            cid = candidate_id(candidate)
+            done.add(cid)
+            n = list(by_id).index(cid) + 1
+            _step(record, calibration, candidate, by_id[cid][1], n, len(candidates), sizes,
+                  path, device, max_steps, data_root, progress)  # fmt: skip
+        if calibration.search == "grid":
+            break
     record["choice"] = choose(record, calibration, sizes)
     _write(path, record)
     path.with_suffix(".md").write_text(markdown(record, calibration), encoding="utf-8")
     return record
+
+
+def _step(record: dict[str, Any], calibration: Calibration, candidate: dict[str, Any],
+          protocol: Protocol, n: int, total: int, sizes: dict[str, int], path: Path,
+          device: str, max_steps: int | None, data_root: str | None, progress: bool) -> None:  # fmt: skip
+    """One candidate: skipped when finished, recorded as over the budget when its projected
+    sweep is, else run."""
+    cid = candidate_id(candidate)
+    runs = record["runs"].get(cid, {})
+    if (
+        all(m in runs for m in [calibration.zero_shot, *calibration.methods])
+        or cid in record["skipped"]
+    ):
+        return
+    projected = projected_minutes(record, calibration, candidate, sizes)
+    if projected is not None and projected[0] > calibration.sweep_budget_minutes:
+        record["skipped"][cid] = {"projected_sweep_minutes": round(projected[0], 1),
+                                  "from": projected[1]}  # fmt: skip
+        log.info("%s: not run: its sweep would take about %.0f minutes (projected from %s), "
+                 "over the budget", cid, projected[0], projected[1])  # fmt: skip
+        record["runs"].pop(cid, None)
+        _write(path, record)
+        return
+    log.info("candidate %d of %d: %s", n, total, cid)
+    ctx = RunContext(protocol, calibration.seed, resolve_device(device), max_steps=max_steps,
+                     data_root=data_root, progress=progress)  # fmt: skip
+    _run_candidate(ctx, calibration, candidate, record, path)
+
+
+def _ordered(values: list[Any]) -> list[Any]:
+    return sorted(values) if all(isinstance(v, (int, float)) for v in values) else list(values)
+
+
+def next_neighbours(record: dict[str, Any], calibration: Calibration,
+                    sizes: dict[str, int]) -> list[dict[str, Any]]:  # fmt: skip
+    """The neighbour search's next candidates: the best finished candidate's neighbours (each
+    setting one step along its sorted values, the others kept) not yet tried; the grid's
+    middle candidate when nothing has finished. Empty when every neighbour of the best is
+    tried (run, or recorded as over the budget): the search has converged."""
+    tried = set(record["runs"]) | set(record.get("skipped", {}))
+    best = choose(record, calibration, sizes)["chosen_settings"]
+    if best is None:
+        middle = {k: _ordered(v)[(len(v) - 1) // 2] for k, v in calibration.grid.items()}
+        finished = [cid for cid, runs in record["runs"].items()
+                    if all(m in runs for m in [calibration.zero_shot, *calibration.methods])]  # fmt: skip
+        return [] if finished else [middle]
+    out = []
+    for key, values in calibration.grid.items():
+        ordered = _ordered(values)
+        at = ordered.index(best[key])
+        for step in (at - 1, at + 1):
+            if 0 <= step < len(ordered):
+                neighbour = {**best, key: ordered[step]}
+                if candidate_id(neighbour) not in tried:
+                    out.append(neighbour)
+    return out
 
 
 def _run_candidate(ctx: RunContext, calibration: Calibration, candidate: dict[str, Any],
@@ -453,7 +503,7 @@ def positions(record: dict[str, Any], calibration: Calibration, chosen: dict[str
     out = {}
     for key, values in calibration.grid.items():
         value = chosen[key]
-        ordered = sorted(values) if all(isinstance(v, (int, float)) for v in values) else values
+        ordered = _ordered(values)
         at = ordered.index(value)
         sides = {}
         for side, neighbours in (("below", ordered[:at][::-1]), ("above", ordered[at + 1 :])):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,14 @@ def write_overlay(
     spec: MethodSpec,
     base: dict[str, Any],
     options: TuneOptions,
+    runs_under: Protocol | None = None,
 ) -> Path:
     """The study's best configuration as a protocol overlay, and its figure (a capped study's
     overlay says so, and `run --tuned` refuses it). `base`: the method's hyperparameters
-    under the protocol; `options`: the study's, its storage resolved."""
+    under the protocol; `options`: the study's, its storage resolved; `runs_under`: the
+    protocol `run --tuned` trains it under, when the study validated under a carve of it
+    (tuning.validation_fraction)."""
+    runs_under = runs_under or protocol
     import optuna
 
     method, folds, max_steps = spec.name, options.folds, options.max_steps
@@ -45,12 +50,15 @@ def write_overlay(
     record = {
         "schema": OVERLAY_SCHEMA,
         "protocol": protocol.name, "protocol_version": protocol.version,
-        "protocol_hash": protocol.hash, "method": method, "method_version": spec.version,
+        "protocol_hash": runs_under.hash, "method": method, "method_version": spec.version,
         "hyperparameters": {**base, **best.params},
         "study": {
             "name": study.study_name,
             "storage": _recorded_storage(str(options.storage), options.results_dir),
             "folds": folds,
+            **({"validated_under": {"split": dataclasses.asdict(protocol.split),
+                                    "protocol_hash": protocol.hash}}
+               if protocol.hash != runs_under.hash else {}),
             "objective": f"{protocol.evaluation.select_by} on validation classes (best epoch"
                          f"{', mean over folds' if folds > 1 else ''})",
             "sampler": "TPE (seeded)", "pruner": f"median {PRUNER}", "searched": sorted(best.params),

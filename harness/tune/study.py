@@ -58,16 +58,36 @@ def needs_validation(protocol: Protocol) -> None:
     if protocol.split.validation_fraction <= 0:
         raise HarnessError(
             f"protocol {protocol.name} carves no validation classes (split.validation_fraction "
-            "is 0), and tuning must never see the test classes; tune under a protocol with "
-            "split.validation_fraction > 0 (e.g. --protocol tuning)"
+            "and tuning.validation_fraction are 0), and tuning must never see the test classes; "
+            "set tuning.validation_fraction (e.g. 0.3) in its YAML, or tune under a protocol "
+            "with split.validation_fraction > 0 (e.g. --protocol tuning)"
         )
 
 
+def tuning_view(protocol: Protocol) -> Protocol:
+    """The protocol a study validates under: the protocol itself when its split carves
+    validation classes; else, with `tuning.validation_fraction`, the same protocol with that
+    fraction of its training classes carved (the tuned configuration then trains under the
+    protocol itself, on all of them); else a one-line refusal."""
+    if protocol.split.validation_fraction <= 0 and protocol.tuning.validation_fraction > 0:
+        split = dataclasses.replace(protocol.split,
+                                    validation_fraction=protocol.tuning.validation_fraction)  # fmt: skip
+        protocol = dataclasses.replace(protocol, split=split)
+    needs_validation(protocol)
+    return protocol
+
+
 def tune_method(
-    protocol: Protocol, method: str, trials: int, options: TuneOptions = DEFAULT
+    protocol: Protocol,
+    method: str,
+    trials: int,
+    options: TuneOptions = DEFAULT,
+    runs_under: Protocol | None = None,
 ) -> Path:
     """Run (or resume) one method's study to `trials` finished trials (here, or as Ray tasks
-    with options.engine "ray"); write its overlay and figure, and return the overlay's path."""
+    with options.engine "ray"); write its overlay and figure, and return the overlay's path.
+    `runs_under`: the protocol the tuned configuration trains under when it is not the one
+    validated (tuning_view), whose hash the overlay records."""
     needs_validation(protocol)
     spec = METHODS.get(method)
     base = protocol_hyperparameters(protocol, method)
@@ -85,7 +105,7 @@ def tune_method(
             tracking = child_config(options.tracking, tracker)
             _optimize(study, dataclasses.replace(trainer, tracking=tracking), base, spec, trials,
                       options)  # fmt: skip
-    return write_overlay(study, protocol, spec, base, options)
+    return write_overlay(study, protocol, spec, base, options, runs_under or protocol)
 
 
 FINISHED = ("COMPLETE", "PRUNED")  # the trial states a study counts to its N
@@ -167,10 +187,10 @@ def tune(
     """Tune each method with the same number of trials; returns the overlay per method."""
     if options.engine == "ray":
         import_ray()  # say how to install it before anything runs
-    protocol = load_protocol(protocol_name)
-    needs_validation(protocol)
+    runs_under = load_protocol(protocol_name)
+    protocol = tuning_view(runs_under)
     if trials < 1 or not math.isfinite(trials):
         raise HarnessError(f"--trials must be at least 1, got {trials}")
     check_protocol(protocol, methods)  # unknown names and bad values fail before any training
     check_data_root(protocol, options.data_root)  # and a missing --data-root
-    return {m: tune_method(protocol, m, trials, options) for m in methods}
+    return {m: tune_method(protocol, m, trials, options, runs_under) for m in methods}

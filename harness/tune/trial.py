@@ -46,6 +46,38 @@ def class_folds(
     return out
 
 
+def without_test(prepared: Any) -> tuple[Any, Split]:
+    """The data of the training and validation classes only, and its split (test empty):
+    what a calibration or a study on cached features works on, so that the test classes are
+    never embedded, and changing their images or labels cannot change a number."""
+    split = prepared.split
+    keep = np.sort(np.concatenate([split.train, split.validation]))
+    data = prepared.data.subset(keep)
+    position = {int(row): n for n, row in enumerate(keep)}
+    train = np.array([position[int(r)] for r in split.train], dtype=np.int64)
+    validation = np.array([position[int(r)] for r in split.validation], dtype=np.int64)
+    return data, Split(train, validation, np.zeros(0, np.int64), split.train_classes,
+                       split.validation_classes, [])  # fmt: skip
+
+
+# (protocol hash, data root) -> (data with its cached features, split): a study's trials
+# share one process, and each trial after the first loads nothing
+_PREPARED: dict[tuple[str, str | None], tuple[Any, Split]] = {}
+
+
+def trial_data(ctx: RunContext, protocol: Protocol, data_root: str | None) -> tuple[Any, Split]:
+    """The data a trial trains and validates on, prepared once per process. On a cached trunk
+    (`features:`), the test classes are dropped before the trunk runs, as a calibration does."""
+    key = (protocol.hash, data_root)
+    if key not in _PREPARED:
+        prepared = prepare_data(protocol, data_root)
+        data, split = (without_test(prepared) if protocol.features.cached
+                       else (prepared.data, prepared.split))  # fmt: skip
+        _PREPARED.clear()  # one protocol's data in memory at a time
+        _PREPARED[key] = (with_cached_features(ctx, data, split), split)
+    return _PREPARED[key]
+
+
 @dataclasses.dataclass
 class Trainer:
     """Trains one configuration per fold and returns the per-fold best validation scores;
@@ -72,10 +104,9 @@ class Trainer:
     def __call__(self, hyper: dict[str, Any], report: Callable[[int, float], None]) -> list[float]:
         ctx = RunContext(self.protocol, self.protocol.seeds[0], resolve_device(self.device),
                          max_steps=self.max_steps, data_root=self.data_root)  # fmt: skip
-        prepared = prepare_data(self.protocol, self.data_root)
-        data = with_cached_features(ctx, prepared.data, prepared.split)
+        data, split = trial_data(ctx, self.protocol, self.data_root)
         scores = []
-        for fold, (train_idx, val_idx) in enumerate(class_folds(prepared.split, data.labels,
+        for fold, (train_idx, val_idx) in enumerate(class_folds(split, data.labels,
                                                                 self.folds)):  # fmt: skip
             values: list[float] = []
 

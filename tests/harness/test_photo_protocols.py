@@ -178,6 +178,7 @@ def calibration_file(tmp_path: Path, protocol_file: Path, name: str = "calibrati
     ({"methods": ["contrastiv"]}, "unknown method 'contrastiv'.*contrastive"),
     ({"grid": {"budget.steps": []}}, "non-empty list"),
     ({"limits": {"budget.epochs": "x"}}, "limits names 'budget.epochs', which the grid does not set"),
+    ({"search": "neighbors"}, "search 'neighbors' is not one of grid, neighbours.*neighbours"),
 ])  # fmt: skip
 def test_a_calibration_that_would_read_test_classes_or_is_malformed_is_one_line(
     tmp_path, capsys, changes, message
@@ -327,6 +328,46 @@ def test_the_record_says_whether_each_choice_is_inside_its_grid_or_at_a_named_li
     where = cal.choose({"runs": over, "caches": {}}, spec, sizes)["positions"]
     assert where["budget.epochs"]["position"] == "interior"
     assert where["budget.epochs"]["tried_above"] == 100
+
+
+def test_the_neighbour_search_walks_from_the_best_until_every_neighbour_is_tried():
+    spec = cal.Calibration("c", "p", 0.3, 0, ["a"], {"optimizer.lr": [0.0001, 0.001, 0.01],
+                           "embedding_dim": [128, 256, 512, 1024]}, 600,
+                           zero_shot="untrained", search="neighbours")  # fmt: skip
+    sizes = {"train": 100, "images": 200, "calibration_train": 100, "calibration_images": 200,
+             "seeds": 1, "methods": 1}  # fmt: skip
+    score = {(0.0001, 128): 0.1, (0.001, 128): 0.2, (0.01, 128): 0.15, (0.0001, 256): 0.3,
+             (0.001, 256): 0.5, (0.01, 256): 0.2, (0.0001, 512): 0.4, (0.001, 512): 0.6,
+             (0.01, 512): 0.3, (0.0001, 1024): 0.1, (0.001, 1024): 0.55, (0.01, 1024): 0.2}  # fmt: skip
+    record = {"runs": {}, "caches": {}, "skipped": {}}
+    walked = []
+    while todo := cal.next_neighbours(record, spec, sizes):
+        for c in todo:
+            walked.append((c["optimizer.lr"], c["embedding_dim"]))
+            value = score[walked[-1]]
+            record["runs"][cal.candidate_id(c)] = {"untrained": {"map@r": 0.0, "seconds": 0},
+                                                   "a": {"map@r": value, "seconds": 1}}  # fmt: skip
+    # the grid's middle first, then its four neighbours; the best moves to 512, whose new
+    # neighbours (1e-4 and 1e-2 at 512, and 1024) are tried; then nothing is left around it
+    assert walked == [(0.001, 256), (0.0001, 256), (0.01, 256), (0.001, 128), (0.001, 512),
+                      (0.0001, 512), (0.01, 512), (0.001, 1024)]  # fmt: skip
+    choice = cal.choose(record, spec, sizes)
+    assert choice["chosen_settings"] == {"optimizer.lr": 0.001, "embedding_dim": 512}
+    assert {k: p["position"] for k, p in choice["positions"].items()} == {
+        "optimizer.lr": "interior",
+        "embedding_dim": "interior",
+    }
+    assert len(record["runs"]) == 8  # of the grid's 12
+
+
+def test_a_widened_grid_is_recognised_after_its_record_is_stored_with_sorted_keys():
+    spec = cal.Calibration("c", "p", 0.3, 0, ["a"], {"optimizer.lr": [0.001],
+                           "budget.epochs": [10]}, 90, zero_shot="untrained")  # fmt: skip
+    stored = json.loads(json.dumps(cal.described(spec), sort_keys=True))
+    wider = replace(spec, grid={"optimizer.lr": [0.001, 0.01], "budget.epochs": [10]},
+                    search="neighbours")  # fmt: skip
+    assert cal._widened(stored, cal.described(wider))
+    assert not cal._widened(stored, cal.described(replace(wider, seed=1)))
 
 
 def test_a_candidate_is_projected_from_a_finished_one_on_the_same_trunk():
