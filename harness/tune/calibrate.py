@@ -539,6 +539,12 @@ def markdown(record: dict[str, Any], calibration: Calibration) -> str:
              f"**{choice['chosen'] or 'none within the budget'}** (best mean of the reference "
              f"methods among candidates whose estimated sweep fits "
              f"{calibration.sweep_budget_minutes:g} minutes).", "",
+             *([f"Search: neighbours. {len(choice['candidates'])} of the grid's "
+                f"{len(calibration.candidates())} combinations ran (below): those of earlier "
+                "grids the record kept, then a walk from the best finished candidate to its "
+                "untried neighbours (one setting one step along its values) until every "
+                "neighbour of the best had been tried.", ""]
+               if calibration.search == "neighbours" else []),
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     for row in choice["candidates"]:
         runs = record["runs"][row["candidate"]]
