@@ -55,6 +55,7 @@ from harness.core import (
 from harness.core.paths import PROTOCOL_DIR
 from harness.core.protocol import parse_protocol
 from harness.sweep import check_protocol
+from harness.tune.calibration_table import markdown
 from harness.tune.trial import without_test
 
 log = logging.getLogger(__name__)
@@ -299,6 +300,8 @@ def calibrate(
     record.setdefault("skipped", {})
     sizes = _sizes(base, protocols[0], data_root)
     by_id = {candidate_id(c): (c, p) for c, p in zip(candidates, protocols, strict=True)}
+    walk = _Walk(record, calibration, sizes, path, len(candidates), device, max_steps,
+                 data_root, progress)  # fmt: skip
     done: set[str] = set()
     while True:
         todo = (candidates if calibration.search == "grid"
@@ -309,9 +312,7 @@ def calibrate(
         for candidate in todo:
             cid = candidate_id(candidate)
             done.add(cid)
-            n = list(by_id).index(cid) + 1
-            _step(record, calibration, candidate, by_id[cid][1], n, len(candidates), sizes,
-                  path, device, max_steps, data_root, progress)  # fmt: skip
+            walk.step(candidate, by_id[cid][1], list(by_id).index(cid) + 1)
         if calibration.search == "grid":
             break
     record["choice"] = choose(record, calibration, sizes)
@@ -320,31 +321,43 @@ def calibrate(
     return record
 
 
-def _step(record: dict[str, Any], calibration: Calibration, candidate: dict[str, Any],
-          protocol: Protocol, n: int, total: int, sizes: dict[str, int], path: Path,
-          device: str, max_steps: int | None, data_root: str | None, progress: bool) -> None:  # fmt: skip
-    """One candidate: skipped when finished, recorded as over the budget when its projected
-    sweep is, else run."""
-    cid = candidate_id(candidate)
-    runs = record["runs"].get(cid, {})
-    if (
-        all(m in runs for m in [calibration.zero_shot, *calibration.methods])
-        or cid in record["skipped"]
-    ):
-        return
-    projected = projected_minutes(record, calibration, candidate, sizes)
-    if projected is not None and projected[0] > calibration.sweep_budget_minutes:
-        record["skipped"][cid] = {"projected_sweep_minutes": round(projected[0], 1),
-                                  "from": projected[1]}  # fmt: skip
-        log.info("%s: not run: its sweep would take about %.0f minutes (projected from %s), "
-                 "over the budget", cid, projected[0], projected[1])  # fmt: skip
-        record["runs"].pop(cid, None)
-        _write(path, record)
-        return
-    log.info("candidate %d of %d: %s", n, total, cid)
-    ctx = RunContext(protocol, calibration.seed, resolve_device(device), max_steps=max_steps,
-                     data_root=data_root, progress=progress)  # fmt: skip
-    _run_candidate(ctx, calibration, candidate, record, path)
+@dataclasses.dataclass
+class _Walk:
+    """What every candidate of one calibration run shares: the record (written after each
+    run) and how each candidate's protocol runs."""
+
+    record: dict[str, Any]
+    calibration: Calibration
+    sizes: dict[str, int]
+    path: Path
+    total: int
+    device: str
+    max_steps: int | None
+    data_root: str | None
+    progress: bool
+
+    def step(self, candidate: dict[str, Any], protocol: Protocol, n: int) -> None:
+        """One candidate: skipped when finished, recorded as over the budget when its
+        projected sweep is, else run."""
+        record, calibration, cid = self.record, self.calibration, candidate_id(candidate)
+        runs = record["runs"].get(cid, {})
+        finished = all(m in runs for m in [calibration.zero_shot, *calibration.methods])
+        if finished or cid in record["skipped"]:
+            return
+        projected = projected_minutes(record, calibration, candidate, self.sizes)
+        if projected is not None and projected[0] > calibration.sweep_budget_minutes:
+            record["skipped"][cid] = {"projected_sweep_minutes": round(projected[0], 1),
+                                      "from": projected[1]}  # fmt: skip
+            log.info("%s: not run: its sweep would take about %.0f minutes (projected from "
+                     "%s), over the budget", cid, projected[0], projected[1])  # fmt: skip
+            record["runs"].pop(cid, None)
+            _write(self.path, record)
+            return
+        log.info("candidate %d of %d: %s", n, self.total, cid)
+        ctx = RunContext(protocol, calibration.seed, resolve_device(self.device),
+                         max_steps=self.max_steps, data_root=self.data_root,
+                         progress=self.progress)  # fmt: skip
+        _run_candidate(ctx, calibration, candidate, record, self.path)
 
 
 def _ordered(values: list[Any]) -> list[Any]:
@@ -524,55 +537,3 @@ def positions(record: dict[str, Any], calibration: Calibration, chosen: dict[str
         out[key] = {"value": value, "position": where, "tried_below": sides["below"],
                     "tried_above": sides["above"], "limit": limit}  # fmt: skip
     return out
-
-
-def markdown(record: dict[str, Any], calibration: Calibration) -> str:
-    """The record as a table: every candidate, each method's validation MAP@R (%), seconds."""
-    methods = [calibration.zero_shot, *calibration.methods]
-    choice = record["choice"]
-    summary = {r["candidate"]: r for r in choice["candidates"]}
-    head = ["candidate", *methods, "mean (ref.)", "vs zero-shot", "s/run", "est. sweep min"]
-    lines = [f"# Calibration `{calibration.name}` of protocol `{calibration.protocol}`", "",
-             f"Validation classes: the last {calibration.validation_fraction:.0%} of the sorted "
-             f"training classes; seed {calibration.seed}; validation MAP@R in %; the test "
-             "classes are never read. Chosen: "
-             f"**{choice['chosen'] or 'none within the budget'}** (best mean of the reference "
-             f"methods among candidates whose estimated sweep fits "
-             f"{calibration.sweep_budget_minutes:g} minutes).", "",
-             *([f"Search: neighbours. {len(choice['candidates'])} of the grid's "
-                f"{len(calibration.candidates())} combinations ran (below): those of earlier "
-                "grids the record kept, then a walk from the best finished candidate to its "
-                "untried neighbours (one setting one step along its values) until every "
-                "neighbour of the best had been tried.", ""]
-               if calibration.search == "neighbours" else []),
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
-    for row in choice["candidates"]:
-        runs = record["runs"][row["candidate"]]
-        seconds = np.mean([runs[m]["seconds"] for m in calibration.methods])
-        cells = [row["candidate"], *[f"{100 * runs[m]['map@r']:.2f}" for m in methods],
-                 f"{100 * row['mean_map@r']:.2f}", f"{100 * row['gain_over_zero_shot']:+.2f}",
-                 f"{seconds:.1f}", f"{summary[row['candidate']]['sweep_minutes']:.0f}"]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    for cid, why in record.get("skipped", {}).items():
-        cells = [cid, *["not run"] * len(methods), "", "", "",
-                 f"{why['projected_sweep_minutes']:.0f} (projected from {why['from']})"]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    caches = "; ".join(f"{k}: {v:.0f} s" for k, v in record["caches"].items())
-    lines += ["", f"Feature caches of the calibration's images: {caches}.", ""]
-    if choice.get("positions"):
-        lines += ["Where each chosen value sits in its grid (`interior`: a tried neighbour on "
-                  "both sides; `edge`: the limit that stops the grid there, if any):", "",
-                  "| setting | chosen | position | tried below | tried above | limit |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        for key, p in choice["positions"].items():
-            cells = [
-                key,
-                p["value"],
-                p["position"],
-                p["tried_below"],
-                p["tried_above"],
-                p["limit"] or ("" if p["position"] != "edge" else "none named: widen it"),
-            ]
-            lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
-        lines.append("")
-    return "\n".join(lines)

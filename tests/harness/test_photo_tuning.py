@@ -6,6 +6,7 @@ protocol itself."""
 from __future__ import annotations
 
 import json
+import re
 
 import harness.methods  # noqa: F401  (registers the methods)
 import numpy as np
@@ -23,6 +24,11 @@ from harness.tune.options import TuneOptions
 from harness.tune.study import tuning_view
 
 
+def without_tuning(path) -> str:
+    """The protocol file's text without its `tuning:` line (the photo protocols set one)."""
+    return re.sub(r"^tuning: .*\n", "", path.read_text(), flags=re.M)
+
+
 def photo_protocol(tmp_path, poisoned: bool = False):
     """Ten classes of coloured photos (3 train, 2 validate, 5 test), a frozen cached trunk and
     tuning.validation_fraction 0.4 (the split itself carves nothing)."""
@@ -34,7 +40,7 @@ def photo_protocol(tmp_path, poisoned: bool = False):
         for i in range(4):
             pixels = (rng.random((72, 72, 3)) * 60 + c * 20).astype(np.uint8)
             Image.fromarray(pixels).save(folder / f"{i}.png")
-    text = base.read_text() + "tuning: {validation_fraction: 0.4}\n"
+    text = without_tuning(base) + "tuning: {validation_fraction: 0.4}\n"
     if poisoned:
         poisoned_folder("poisoned_folder_for_tuning")
         text = text.replace("{name: folder, params: {}}",
@@ -90,7 +96,9 @@ def test_a_photo_protocol_tunes_on_validation_classes_and_runs_tuned_under_itsel
 
 def test_tuning_a_protocol_without_validation_classes_is_one_line(tmp_path, capsys):
     path = tiny_protocol(tmp_path, frozen=8)
+    path.write_text(without_tuning(path))
     assert main(["tune", "--protocol", str(path), "--method", "contrastive", "--trials", "2",
+                 "--data-root", str(tmp_path / "data"),
                  "--results-dir", str(tmp_path / "r")]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "set tuning.validation_fraction" in err[0], err
