@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "benchmarks" / "gpu_checks.sh"
 GPU_DOC = REPO / "docs" / "gpu.md"
 # Most valuable first: versions, correctness on CUDA, the measurements, then the birds sweep.
-ORDER = ["env", "tests", "smoke", "eval60k", "cost", "pipeline", "long", "birds_gpu"]
+ORDER = ["env", "tests", "smoke", "cost", "pipeline", "long", "birds_gpu"]
 BUDGET = 480  # seconds: 8 minutes of a quarter-hour rental, machine start included
 
 

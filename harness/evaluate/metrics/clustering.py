@@ -171,16 +171,19 @@ def _kmeans_pp_init(x: torch.Tensor, k: int, seed: int) -> torch.Tensor:
     """
     n = x.shape[0]
     trials = 2 + int(math.log(k))
-    gen = torch.Generator(device=x.device).manual_seed(seed)
+    # The draws come from a CPU generator on every device (CUDA's generator gives other
+    # numbers for the same seed), so a GPU picks the CPU's centres.
+    gen = torch.Generator().manual_seed(seed)
     x_sq = (x * x).sum(1)
     chosen = torch.empty(k, dtype=torch.long, device=x.device)
-    chosen[:1] = torch.randint(n, (1,), generator=gen, device=x.device)
+    chosen[:1] = torch.randint(n, (1,), generator=gen).to(x.device)
     min_d2 = _sq_dist_to(x, x_sq, chosen[:1]).squeeze(1)
     ones = torch.ones_like(min_d2)
     for i in range(1, k):
         # When every point coincides with a centre (duplicates), draw uniformly.
         weights = torch.where(min_d2.sum() > 0, min_d2, ones)
-        candidates = torch.multinomial(weights, trials, replacement=True, generator=gen)
+        candidates = torch.multinomial(weights.cpu(), trials, replacement=True, generator=gen)
+        candidates = candidates.to(x.device)
         new_min = torch.minimum(min_d2.unsqueeze(1), _sq_dist_to(x, x_sq, candidates))
         best = torch.argmin(new_min.sum(0, dtype=torch.float64))
         chosen[i] = candidates[best]
