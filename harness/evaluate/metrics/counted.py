@@ -51,6 +51,10 @@ GROUP_ITEMS = 1 << 22
 #: agree to 1e-9 and cost a fifth as much.
 FLOAT32_LDA_MIN_PAIRS = 1 << 24
 
+#: float64 values gathered at once to compare the items of the windows exactly ([pairs, D]):
+#: 64 MB a thread.
+PAIR_ELEMENTS = 1 << 23
+
 #: At most this many threads share a chunk (each holds its part's keys).
 MAX_THREADS = 8
 
@@ -185,13 +189,29 @@ def counted_ranks(
         own = cols[row, window]
         other = torch.nonzero(col != own).squeeze(1)  # an item never comes before itself
         row, window, col, own = row[other], window[other], col[other], own[other]
-        key, ref = cent.pair_keys(rows[row], col), exact[row, window]
-        # the same vector twice has the same key, however each was rounded
-        same = (key == ref) | (cent.g64[col] == cent.g64[own]).all(1)
-        ahead = (key < ref) & ~same | same & (col < own)
+        ahead = _ahead(cent, rows[row], col, own, exact[row, window])
         ranks.view(-1).index_add_(0, row * width + window, ahead.to(torch.float64))
     ranks = torch.where(valid, ranks, float("inf"))
     return torch.sort(ranks, dim=1).values
+
+
+def _ahead(
+    cent: Centred, rows: torch.Tensor, col: torch.Tensor, own: torch.Tensor, ref: torch.Tensor
+) -> torch.Tensor:
+    """Whether gallery item col[i] ranks ahead of the relevant item own[i] for query rows[i]
+    (ref[i]: own's exact key): a lower exact key, or the same vector (then the lower index).
+    In slices of at most PAIR_ELEMENTS gathered float64 values ([pairs, D]): a wide embedding
+    with many near-ties (HDC's 3 x 4096 dimensions) gathered them all at once, some 20 GB.
+    Each pair's answer is its own, so the slicing changes no number."""
+    step = max(1, PAIR_ELEMENTS // max(1, cent.g64.shape[1]))
+    out = []
+    for a in range(0, len(col), step):
+        r, c, o, e = rows[a : a + step], col[a : a + step], own[a : a + step], ref[a : a + step]
+        key = cent.pair_keys(r, c)
+        # the same vector twice has the same key, however each was rounded
+        same = (key == e) | (cent.g64[c] == cent.g64[o]).all(1)
+        out.append((key < e) & ~same | same & (c < o))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=col.device)
 
 
 def _locate_in_groups(
