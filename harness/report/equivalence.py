@@ -3,13 +3,16 @@
 - Within a protocol (`within`): each row against the best and against the row that trained
   no step, the leaderboard tables' `P(worse · ≈ · better)` columns.
 - Across protocols (`across`): each method against the reference (the best average rank) by
-  the Bayesian signed-rank test, over every committed protocol and per setting; the
+  the hierarchical model over every seed of every protocol (harness.report.hierarchical,
+  its posteriors kept by harness.report.posteriors), with the Bayesian signed-rank test over
+  the protocols' means beside it, over every committed protocol and per setting; the
   leaderboard's section with its sensitivity to the ROPE, the stacked-bar figure of the
   report's front page and the README's sentence all come from this one computation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +20,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from harness.records import RunResult
+from harness.report import hierarchical
 from harness.report.bayes import (
     DECISIVE,
     DEFAULT_ROPE,
@@ -29,6 +33,8 @@ from harness.report.bayes import (
     signed_rank_probs,
 )
 from harness.report.figures import _figure, _save
+from harness.report.hierarchical import ESS_MIN, RHAT_MAX, NotConverged, Posterior, check_rope
+from harness.report.posteriors import PosteriorCache
 from harness.report.ranks import (
     MIN_METHODS,
     SETTING_STEMS,
@@ -41,38 +47,72 @@ from harness.report.ranks import (
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+log = logging.getLogger(__name__)
+
 ALL = "all protocols"
 COLOURS = {"worse": "#c0504d", "equivalent": "#a6a6a6", "better": "#4f81bd"}
+Verdict = Probs | NotConverged  # a hierarchical cell: probabilities, or words
 
 
 @dataclass(frozen=True)
 class Across:
     """One across-protocol comparison: which protocols (`blocks`, each a mean over up to
     `seeds` seeds), the reference method, the ROPE in points, and each other method's
-    probabilities against the reference at that ROPE and at each of ROPES."""
+    probabilities against the reference by the hierarchical model at that ROPE (`probs`) and
+    at each of ROPES (`sensitivity`), its posterior (`posteriors`: shrunk means, diagnostics,
+    protocols left out), and the signed-rank test's probabilities at the ROPE beside them."""
 
     label: str
     blocks: list[str]
     seeds: tuple[int, int]
     reference: str
     rope: float
-    probs: dict[str, Probs]
-    sensitivity: dict[float, dict[str, Probs]]
+    probs: dict[str, Verdict]
+    sensitivity: dict[float, dict[str, Verdict]]
+    signed_rank: dict[str, Probs] = field(default_factory=dict)
+    posteriors: dict[str, Posterior] = field(default_factory=dict)
 
     def equivalent(self) -> list[str]:
         """The methods practically equivalent to the reference with P >= DECISIVE."""
-        return sorted(m for m, p in self.probs.items() if p.equivalent >= DECISIVE)
+        return sorted(m for m, p in self.probs.items() if p.verdict() == "equivalent")
 
     def order(self) -> list[str]:
-        """The methods best first: least likely worse, then most likely equivalent."""
-        return sorted(self.probs, key=lambda m: (self.probs[m].worse, -self.probs[m].better, m))
+        """The methods best first: least likely worse, then most likely better; the
+        comparisons that did not converge last."""
+
+        def rank(m: str) -> tuple[int, float, float, str]:
+            p = self.probs[m]
+            if isinstance(p, NotConverged):
+                return 1, 0.0, 0.0, m
+            return 0, p.worse, -p.better, m
+
+        return sorted(self.probs, key=rank)
 
     def fragile(self, method: str) -> bool:
         """Whether the method has a verdict (P >= DECISIVE) at the ROPE and another one, or
         none, at some ROPE of the sensitivity table."""
         verdict = self.probs[method].verdict()
-        return verdict != "undecided" and any(
+        return verdict not in ("undecided", "not converged") and any(
             self.sensitivity[r][method].verdict() != verdict for r in self.sensitivity)  # fmt: skip
+
+    def newly_decided(self) -> list[str]:
+        """The methods with a verdict by the hierarchical model that the signed-rank test left
+        undecided, at the ROPE."""
+        return sorted(m for m, p in self.signed_rank.items() if p.verdict() == "undecided"
+                      and self.probs[m].verdict() not in ("undecided", "not converged"))  # fmt: skip
+
+    def newly_undecided(self) -> list[str]:
+        """The methods the signed-rank test decided and the hierarchical model does not."""
+        return sorted(m for m, p in self.signed_rank.items() if p.verdict() != "undecided"
+                      and self.probs[m].verdict() in ("undecided", "not converged"))  # fmt: skip
+
+    def left_out(self) -> dict[str, list[str]]:
+        """Method -> the protocols left out of its comparison (fewer than 2 shared seeds)."""
+        return {m: p.left_out for m, p in sorted(self.posteriors.items()) if p.left_out}
+
+    def converged(self) -> tuple[int, int]:
+        """(comparisons that converged or needed no sampling, comparisons)."""
+        return sum(p.diagnostics.converged for p in self.posteriors.values()), len(self.posteriors)
 
 
 def within_column(label: str, rope: float) -> str:
@@ -108,10 +148,22 @@ def within(values: dict[str, dict[int, float]], best: str | None, runs: list[Run
     return out
 
 
-def across(blocks: list[Block], label: str = ALL) -> Across | None:
+_WARNED: set[str] = set()  # a leaderboard draws each comparison twice (figure, section)
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)
+
+
+def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None = None
+           ) -> Across | None:  # fmt: skip
     """The comparison over the blocks' shared methods (as the critical-difference diagram
     takes them); None with fewer than two blocks or MIN_METHODS shared methods. The ROPE is
-    the protocols' own when they all have one, else DEFAULT_ROPE."""
+    the protocols' own when they all have one, else DEFAULT_ROPE. Each method's posterior
+    comes from `cache` (the results folder's file; by default this process's memory and the
+    committed reference's file) or is sampled."""
     kept, shared, _ = shared_blocks(blocks)
     if len(kept) < 2 or len(shared) < MIN_METHODS:
         return None
@@ -121,22 +173,39 @@ def across(blocks: list[Block], label: str = ALL) -> Across | None:
     reference = min(shared, key=lambda m: (ranks[m], -means[m], m))
     ropes = {b.rope for b in kept}
     rope = ropes.pop() if len(ropes) == 1 else DEFAULT_ROPE
+    check_rope(rope)
+    all_ropes = sorted({*ROPES, rope})
+    cache = cache if cache is not None else PosteriorCache(None)
 
-    def against(r: float) -> dict[str, Probs]:
-        x = table[reference].to_numpy()
-        return {m: signed_rank_probs(x, table[m].to_numpy(), r) for m in shared if m != reference}
+    def seeds_of(method: str) -> dict[str, dict[int, float]]:
+        return {b.name: {s: SCALE * v for s, v in b.values.get(method, {}).items()} for b in kept}
 
-    sensitivity = {r: against(r) for r in sorted({*ROPES, rope})}
+    x = table[reference].to_numpy()
+    signed, posteriors = {}, {}
+    for m in shared:
+        if m == reference:
+            continue
+        signed[m] = signed_rank_probs(x, table[m].to_numpy(), rope)
+        a, b = seeds_of(m), seeds_of(reference)
+        posterior = cache.get(f"{label}: {m} vs {reference}", a, b, all_ropes,
+                              lambda a=a, b=b: hierarchical.compare(a, b, all_ropes))  # fmt: skip
+        if posterior is not None:
+            posteriors[m] = posterior
+            for protocol in posterior.left_out:
+                _warn_once(f"{label}: {m} and {reference} share fewer than 2 seeds on "
+                           f"{protocol}: that protocol is left out of their hierarchical "
+                           "comparison; run more seeds of the two there")  # fmt: skip
+    sensitivity = {r: {m: p.at(r) for m, p in posteriors.items()} for r in all_ropes}
     seeds = (min(b.seeds for b in kept), max(b.seeds for b in kept))
-    return Across(label, [b.name for b in kept], seeds, reference, rope,
-                  sensitivity[rope], sensitivity)  # fmt: skip
+    return Across(label, [b.name for b in kept], seeds, reference, rope, sensitivity[rope],
+                  sensitivity, signed, posteriors)  # fmt: skip
 
 
-def comparisons(blocks: list[Block]) -> list[Across]:
+def comparisons(blocks: list[Block], cache: PosteriorCache | None = None) -> list[Across]:
     """Over every protocol, then per setting (pretrained on real photos, from scratch) when
     the protocols hold both."""
-    out = [across(blocks)]
-    out += [across(group, setting) for setting, group in by_setting(blocks).items()]
+    out = [across(blocks, ALL, cache)]
+    out += [across(group, setting, cache) for setting, group in by_setting(blocks).items()]
     return [a for a in out if a is not None]
 
 
@@ -151,97 +220,182 @@ def _seeds(a: Across) -> str:
     return f"{low}" if low == high else f"{low} to {high}"
 
 
+def _left_out(a: Across) -> str:
+    """` Left out for fewer than 2 shared seeds: X on cars.`, or nothing."""
+    left = a.left_out()
+    if not left:
+        return ""
+    named = "; ".join(f"{m} on {', '.join(p)}" for m, p in left.items())
+    return f" Left out of a comparison for fewer than 2 seeds shared with {a.reference}: {named}."
+
+
+def _model_sentence() -> str:
+    h = hierarchical  # its settings as they are now (a test may lower the draws)
+    return (f"the hierarchical Bayesian model (Corani et al. 2017; NumPyro NUTS, {h.CHAINS} "
+            f"chains of {h.DRAWS:,} draws from seed {h.SEED})")  # fmt: skip
+
+
 def caption(a: Across) -> str:
     """What the stacked-bar figure shows, by which model, at which ROPE, over what."""
     eq = a.equivalent()
     named = ", ".join(eq) if eq else "none"
+    done, total = a.converged()
     return (f"{a.label.capitalize()}: each method against {a.reference} (the best average "
             f"rank) on the main metric, ROPE ±{a.rope:g} points: P(worse by more than the "
-            f"ROPE), P(within it) and P(better), by the Bayesian signed-rank test (Benavoli "
-            f"et al. 2014; {SAMPLES:,} seeded posterior samples) over the means of {len(a.blocks)} "
-            f"protocols ({', '.join(a.blocks)}; {_seeds(a)} seeds each). Practically "
-            f"equivalent to {a.reference} with P ≥ {DECISIVE:g}: {named}.")  # fmt: skip
+            f"ROPE), P(within it) and P(better) for the next protocol's mean difference, by "
+            f"{_model_sentence()} over every seed of {len(a.blocks)} protocols "
+            f"({', '.join(a.blocks)}; {_seeds(a)} seeds each); {done} of {total} comparisons "
+            f"converged (R-hat < {RHAT_MAX:g}, ESS > {ESS_MIN:g}). Practically equivalent to "
+            f"{a.reference} with P ≥ {DECISIVE:g}: {named}.{_left_out(a)}")  # fmt: skip
+
+
+def _count(verdicts: list[str]) -> str:
+    return (f"{verdicts.count('equivalent')} practically equivalent, {verdicts.count('worse')} "
+            f"worse, {verdicts.count('better')} better")  # fmt: skip
 
 
 def readme_sentence(a: Across) -> str:
     """The README's sentence on the Bayesian comparison (a test checks that it is there)."""
-    verdicts = [p.verdict() for p in a.probs.values()]
-    k = len(a.probs)
-    return (f"A Bayesian signed-rank test over the same {len(a.blocks)} protocols, with a "
-            f"region of practical equivalence of ±{a.rope:g} MAP@R point, finds "
-            f"{verdicts.count('equivalent')} of the other {k} methods practically equivalent "
-            f"to {a.reference} and {verdicts.count('worse')} worse (P ≥ {DECISIVE:g}); "
-            f"{verdicts.count('undecided')} stay undecided: {len(a.blocks)} protocols "
-            "cannot yet tell them.")  # fmt: skip
+    ours = [p.verdict() for p in a.probs.values()]
+    theirs = [p.verdict() for p in a.signed_rank.values()]
+    unconverged = ours.count("not converged")
+    rest = f" and {unconverged} did not converge" if unconverged else ""
+    return (f"The hierarchical Bayesian model over every seed of the same {len(a.blocks)} "
+            f"protocols, with a region of practical equivalence of ±{a.rope:g} MAP@R point, "
+            f"finds, of the other {len(ours)} methods against {a.reference}, {_count(ours)} "
+            f"(P ≥ {DECISIVE:g}) for the next protocol; {ours.count('undecided')} stay "
+            f"undecided{rest}. The signed-rank test over the protocols' means finds "
+            f"{_count(theirs)}; the hierarchical model decides {len(a.newly_decided())} that "
+            f"it left undecided, and leaves {len(a.newly_undecided())} undecided that it "
+            "decided.")  # fmt: skip
 
 
-def _verdict_cell(p: Probs) -> str:
+def _verdict_cell(p: Verdict) -> str:
     v = p.verdict()
-    shown = {"equivalent": ("≈", p.equivalent), "worse": ("worse", p.worse),
-             "better": ("better", p.better)}  # fmt: skip
-    if v == "undecided":
-        return "undecided"
-    mark, prob = shown[v]
-    return f"{mark} ({prob:.2f})"
+    if v in ("undecided", "not converged"):
+        return v
+    mark = {"equivalent": "≈"}.get(v, v)
+    return f"{mark} ({getattr(p, v):.2f})"
+
+
+def _diagnostics_cell(posterior: Posterior | None) -> str:
+    if posterior is None:
+        return "no shared seeds"
+    d = posterior.diagnostics
+    if d.exact:
+        return "exact (no spread)"
+    return f"{d.rhat:.3f} · {d.ess:,.0f}" + (" (sampled twice)" if d.retried else "")
 
 
 def table(a: Across) -> str:
-    """One row per method: its three probabilities at the ROPE, its verdict at each ROPE of
-    the sensitivity table, and `fragile` where the verdict flips inside that range."""
+    """One row per method: the hierarchical model's probabilities at the ROPE, its verdict at
+    each ROPE of the sensitivity table, `fragile` where the verdict flips inside that range,
+    the signed-rank test's probabilities and verdict at the ROPE beside them, and the
+    model's R-hat and effective sample size."""
     rows = []
     for m in a.order():
         row = {"method": m, f"P(worse · ≈ · better), ±{a.rope:g}": a.probs[m].cell()}
         for r in sorted(a.sensitivity):
             row[f"verdict ±{r:g}"] = _verdict_cell(a.sensitivity[r][m])
         row["fragile"] = "fragile" if a.fragile(m) else ""
+        sr = a.signed_rank[m]
+        row[f"signed-rank, ±{a.rope:g}"] = f"{sr.cell()}: {_verdict_cell(sr)}"
+        row["R-hat · ESS"] = _diagnostics_cell(a.posteriors.get(m))
         rows.append(row)
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
                     disable_numparse=True)  # fmt: skip
 
 
-def section(blocks: list[Block]) -> str:
-    """The leaderboard's section: each comparison's reference, equivalent set and table."""
-    found = comparisons(blocks)
+def shrunk_table(a: Across) -> str:
+    """Each method's mean difference from the reference on each protocol after shrinkage
+    (points, posterior mean [95 % interval]); `=` where it entered as known (no spread)."""
+    rows = []
+    for m in a.order():
+        posterior = a.posteriors.get(m)
+        shrunk = {s.protocol: s for s in posterior.shrunk} if posterior else {}
+        row = {"method": m}
+        for name in a.blocks:
+            s = shrunk.get(name)
+            if s is None:
+                row[name] = "left out"
+            elif s.known:
+                row[name] = f"= {s.mean:+.2f}"
+            else:
+                row[name] = f"{s.mean:+.2f} [{s.low:+.2f}, {s.high:+.2f}]"
+        rows.append(row)
+    return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
+                    disable_numparse=True)  # fmt: skip
+
+
+def _against_signed_rank(a: Across) -> str:
+    decided, undecided = a.newly_decided(), a.newly_undecided()
+    text = (f"Against the signed-rank test at ±{a.rope:g}: the hierarchical model decides "
+            f"{len(decided)} verdict{'s' if len(decided) != 1 else ''} that the signed-rank "
+            f"test left undecided ({', '.join(decided) if decided else 'none'}), and leaves "
+            f"{len(undecided)} undecided that it decided")  # fmt: skip
+    return text + (f" ({', '.join(undecided)})." if undecided else ".")
+
+
+def section(blocks: list[Block], cache: PosteriorCache | None = None) -> str:
+    """The leaderboard's section: each comparison's reference, equivalent set, table and the
+    shrunk means."""
+    found = comparisons(blocks, cache)
     if not found:
         return ""
     lines = ["", "## Which methods are practically equivalent?", "",
              "Each method against the reference (the best average rank over the protocols) by "
-             "the Bayesian signed-rank test over the protocols' means of their main metric "
-             "(Benavoli et al., 2014 and 2017), with a region of practical "
-             "equivalence (ROPE, `evaluation.rope` of the protocols, in points): P(worse by "
-             "more than the ROPE) · P(within it) · P(better by more than it), the share of "
-             f"{SAMPLES:,} seeded posterior samples in which each is the most probable. A "
-             f"verdict needs P ≥ {DECISIVE:g}; `undecided` means the protocols cannot say "
-             "yet, which is not `≈`. `fragile`: the verdict changes between ROPEs "
-             f"{', '.join(f'±{r:g}' for r in ROPES)}. Within one protocol, the tables' "
-             "`P(worse · ≈ · better)` columns give the same three from its seeds "
-             "(docs/verdicts.md).", ""]  # fmt: skip
+             f"{_model_sentence()} over every seed of every protocol: each protocol's mean "
+             "difference is drawn from a Student t shared by the protocols, and the answer is "
+             "for the next protocol of the kind. With a region of practical equivalence "
+             "(ROPE, `evaluation.rope` of the protocols, in points): P(worse by more than the "
+             "ROPE) · P(within it) · P(better by more than it), the posterior predictive "
+             f"probabilities of the next protocol's mean difference. A verdict needs P ≥ "
+             f"{DECISIVE:g}; `undecided` means the protocols cannot say yet, which is not "
+             "`≈`; `not converged`, that the chains disagreed (R-hat ≥ "
+             f"{RHAT_MAX:g} or ESS ≤ {ESS_MIN:g}), so no probability is shown. `fragile`: "
+             f"the verdict changes between ROPEs {', '.join(f'±{r:g}' for r in ROPES)}. "
+             "Beside it, the Bayesian signed-rank test over the protocols' means only "
+             f"(Benavoli et al. 2014; {SAMPLES:,} seeded posterior samples, the share in which "
+             "each region is the most probable), which the model replaces. Within one "
+             "protocol, the tables' `P(worse · ≈ · better)` columns give the same three from "
+             "its seeds (docs/verdicts.md).", ""]  # fmt: skip
     for a in found:
         eq = a.equivalent()
-        lines += [f"### {_over(a).capitalize()}, ROPE ±{a.rope:g}",
-                  "", f"Reference: {a.reference}. Practically equivalent to it (P ≥ "
-                  f"{DECISIVE:g}): {', '.join(eq) if eq else 'none'}.", "", table(a), ""]  # fmt: skip
+        done, total = a.converged()
+        lines += [f"### {_over(a).capitalize()}, ROPE ±{a.rope:g}", "",
+                  f"Reference: {a.reference}. Practically equivalent to it (P ≥ "
+                  f"{DECISIVE:g}): {', '.join(eq) if eq else 'none'}. "
+                  f"{_against_signed_rank(a)} {done} of {total} comparisons converged."
+                  f"{_left_out(a)}", "", table(a), "",
+                  f"Each protocol's mean difference from {a.reference} after shrinkage "
+                  "(points: posterior mean [95 % interval]; `=` entered as known, its seeds "
+                  "without spread):", "", shrunk_table(a), ""]  # fmt: skip
     return "\n".join(lines)
 
 
 def drawing(a: Across) -> Figure:
     """One horizontal stacked bar per method: P(worse), P(≈), P(better) against the
-    reference, best first from the top."""
+    reference, best first from the top; a comparison that did not converge has no bar, and
+    says so."""
     names = a.order()
     fig = _figure(figsize=(9, 1.6 + 0.26 * len(names)))
     ax = fig.subplots()
     left = [0.0] * len(names)
     for part in ("worse", "equivalent", "better"):
-        widths = [getattr(a.probs[m], part) for m in names]
+        widths = [getattr(a.probs[m], part, 0.0) for m in names]
         label = {"equivalent": f"within ±{a.rope:g}"}.get(part, f"{part} by > {a.rope:g}")
         ax.barh(range(len(names)), widths, left=left, color=COLOURS[part], label=label,
                 height=0.7)  # fmt: skip
         left = [lo + w for lo, w in zip(left, widths, strict=True)]
+    for i, m in enumerate(names):
+        if isinstance(a.probs[m], NotConverged):
+            ax.text(0.01, i, "not converged", va="center", fontsize=7, color="0.2")
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_ylim(len(names) - 0.5, -0.5)
     ax.set_xlim(0, 1)
     ax.axvline(DECISIVE, color="0.2", lw=0.8, ls=":")
-    ax.set_xlabel(f"probability against {a.reference} (dotted: {DECISIVE:g})", fontsize=9)
+    ax.set_xlabel(f"probability against {a.reference}, next protocol (dotted: {DECISIVE:g})",
+                  fontsize=9)  # fmt: skip
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.6 / len(names)), ncol=3,
               frameon=False, fontsize=8)  # fmt: skip
     ax.set_title(f"Practically equivalent to {a.reference}? {_over(a)}, ROPE ±{a.rope:g}",

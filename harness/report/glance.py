@@ -35,6 +35,7 @@ from harness.report.forest import (
     forest_figure,
     mark_kind,
 )
+from harness.report.posteriors import PosteriorCache
 from harness.report.ranks import (
     SETTING_STEMS,
     Block,
@@ -108,10 +109,12 @@ def _protocol_figures(name: str, group: list[RunResult], folder: Path) -> list[G
     return out
 
 
-def draw_glance(runs: list[RunResult], folder: Path) -> list[Glance]:
+def draw_glance(runs: list[RunResult], folder: Path, cache: PosteriorCache | None = None
+                ) -> list[Glance]:  # fmt: skip
     """Every figure of the glance into `folder`: the critical-difference diagram and the bump
     chart (when two or more protocols share enough methods), then each full-budget protocol's
-    forest plot (and dumbbell plot), in the leaderboard's order."""
+    forest plot (and dumbbell plot), in the leaderboard's order. The hierarchical posteriors
+    of the equivalence figures come from `cache` (harness.report.posteriors)."""
     load_methods()  # the figures colour methods by family: the registry says which
     folder = Path(folder)
     out = []
@@ -120,18 +123,19 @@ def draw_glance(runs: list[RunResult], folder: Path) -> list[Glance]:
     if test is not None:
         out.append(Glance(CD_DIAGRAM, "critical-difference diagram of the average ranks",
                           caption(test), cd_figure(test, folder / f"{CD_DIAGRAM}.png")))  # fmt: skip
-    out += _equivalence_figure(across(blocks), folder)
+    out += _equivalence_figure(across(blocks, cache=cache), folder)
     if len(blocks) >= 2:
         out.append(Glance(BUMP_CHART, "bump chart of each method's rank per protocol",
                           bump_caption(blocks), bump_figure(blocks, folder / f"{BUMP_CHART}.png")))  # fmt: skip
-    out += _setting_figures(blocks, folder)
+    out += _setting_figures(blocks, folder, cache)
     groups = protocol_groups(runs, tuned=True)
     for name in sorted(groups):
         out += _protocol_figures(name, groups[name], folder)
     return out
 
 
-def _setting_figures(blocks: list[Block], folder: Path) -> list[Glance]:
+def _setting_figures(blocks: list[Block], folder: Path, cache: PosteriorCache | None = None
+                     ) -> list[Glance]:  # fmt: skip
     """Per setting (pretrained on real photos, from scratch), when the protocols hold both:
     its own critical-difference diagram and bump chart; the last caption says how the two
     settings' rankings agree."""
@@ -144,7 +148,7 @@ def _setting_figures(blocks: list[Block], folder: Path) -> list[Glance]:
             out.append(Glance(f"{CD_DIAGRAM}_{stem}", f"critical-difference diagram, {setting}",
                               f"{setting.capitalize()}: {caption(test)}",
                               cd_figure(test, folder / f"{CD_DIAGRAM}_{stem}.png")))  # fmt: skip
-        out += _equivalence_figure(across(group, setting), folder)
+        out += _equivalence_figure(across(group, setting, cache), folder)
         if len(group) >= 2:
             out.append(Glance(f"{BUMP_CHART}_{stem}", f"bump chart of ranks, {setting}",
                               f"{setting.capitalize()}: {bump_caption(group)}",
@@ -166,10 +170,11 @@ def _equivalence_figure(a: Across | None, folder: Path) -> list[Glance]:
                    equivalence_caption(a), equivalence_figure(a, folder / f"{name}.png"))]  # fmt: skip
 
 
-def glance_section(runs: list[RunResult], results_dir: Path) -> str:
+def glance_section(runs: list[RunResult], results_dir: Path, cache: PosteriorCache | None = None
+                   ) -> str:  # fmt: skip
     """The leaderboard's `At a glance` section: the figures drawn under results/figures/,
     the two that span protocols shown with their captions, each protocol's linked."""
-    figures = draw_glance(runs, Path(results_dir) / "figures")
+    figures = draw_glance(runs, Path(results_dir) / "figures", cache)
     if not figures:
         return ""
     lines = ["", "## At a glance", ""]

@@ -40,6 +40,7 @@ from harness.report.leaderboard import (
     tuning_section,
 )
 from harness.report.markup import GENERATOR, html_page, inline, markdown_html, table_html
+from harness.report.posteriors import cache_for
 from harness.report.reference import reference_section
 from harness.report.verdicts import row_names, zero_shot_label, zero_shot_row
 
@@ -169,7 +170,9 @@ def _glance(build: _Build, results: list[RunResult]) -> list[str]:
     """The front page's first screen: the critical-difference diagram and the bump chart,
     then each protocol's forest plot linking to its table (harness.report.glance)."""
     log.info("report: figures at a glance")
-    figures = draw_glance(results, build.tmp / ASSETS / "glance")
+    posteriors = cache_for(build.results_dir)  # the leaderboard's hierarchical posteriors
+    figures = draw_glance(results, build.tmp / ASSETS / "glance", posteriors)
+    posteriors.save()
     if not figures:
         return []
     lines = ['<section id="glance"><h2>At a glance</h2>']

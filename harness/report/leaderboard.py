@@ -40,6 +40,7 @@ from harness.report.equivalence import section as equivalence_section
 from harness.report.equivalence import within
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.glance import glance_section
+from harness.report.posteriors import cache_for
 from harness.report.ranks import protocol_blocks
 from harness.report.reference import reference_section
 from harness.report.trunk import trunk_lines
@@ -536,10 +537,13 @@ def write_leaderboard(results_dir: Path) -> Path:
     path = Path(results_dir) / "LEADERBOARD.md"
     rendered = render(runs)
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
-    text = (head + glance_section(runs, Path(results_dir))
+    posteriors = cache_for(Path(results_dir))  # the hierarchical model's, kept between runs
+    text = (head + glance_section(runs, Path(results_dir), posteriors)
             + claims_across_section(protocol_groups(runs)) + sep + tables
-            + agreement_section(runs) + equivalence_section(protocol_blocks(runs)) + reference_section(Path(results_dir), runs)
+            + agreement_section(runs) + equivalence_section(protocol_blocks(runs), posteriors)
+            + reference_section(Path(results_dir), runs)
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip
     write_text_atomic(path, text)  # a unique temporary file: two writers never share one
+    posteriors.save()
     return path

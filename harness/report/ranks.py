@@ -21,7 +21,7 @@ why the diagram names every method in it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +47,8 @@ TUNED_BLOCK = " (tuned)"
 @dataclass(frozen=True)
 class Block:
     """One protocol's ranking: its name (`tuning (tuned)` for a tuned ranking), main metric,
-    each row's mean over its finished seeds, and when its first run started (the order of
-    the bump chart)."""
+    each row's mean over its finished seeds (and the seeds' values), and when its first run
+    started (the order of the bump chart)."""
 
     name: str
     metric: str
@@ -57,6 +57,8 @@ class Block:
     setting: str = ""  # SETTINGS: from scratch, or pretrained on real photos
     rope: float = DEFAULT_ROPE  # the protocol's evaluation.rope (harness.report.bayes)
     seeds: int = 0  # the most finished seeds behind one of its means
+    # row -> seed -> main metric behind each mean (the hierarchical model's input)
+    values: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 # the two settings a protocol belongs to, by its backbone's starting weights
@@ -84,7 +86,8 @@ def protocol_blocks(runs: list[RunResult]) -> list[Block]:
         setting = PRETRAINED if pretrained(group) else SCRATCH
         rope = protocol_rope(group[0].protocol.content)
         seeds = max((len(v) for v in values.values()), default=0)
-        blocks.append(Block(name, metric, means, started, setting, rope, seeds))
+        kept = {row: dict(v) for row, v in values.items() if v}
+        blocks.append(Block(name, metric, means, started, setting, rope, seeds, kept))
     return sorted(blocks, key=lambda b: (b.started, b.name))
 
 
