@@ -346,3 +346,21 @@ def test_cuda_embeds_photos_as_the_cpu_does(kept):
     gpu = embed_files(load_model(kept["model"]), kept["photos"], files, progress=False,
                       device=torch.device("cuda"))  # fmt: skip
     assert gpu.files == cpu.files and cosine_gap(gpu.vectors, cpu.vectors) < 1e-4
+
+
+def test_a_missing_model_or_index_is_named_with_a_command_that_runs(tmp_path, capsys):
+    """MODEL that does not exist is said to be missing (not "no saved model beside it"); a
+    folder that is not an index names `python -m harness index ...` into it."""
+    for missing in ("seed0.json", "seed0.model.pt"):
+        for argv in (["index", str(tmp_path / missing), "--images", str(tmp_path), "--out",
+                      str(tmp_path / "out")], ["export", str(tmp_path / missing), "--format",
+                      "onnx", "--out", str(tmp_path / "m.onnx")]):  # fmt: skip
+            _one_line_exit_2(capsys, argv, f"{tmp_path / missing} does not exist; give a run's")
+    capsys.readouterr()
+    assert main(["index", str(tmp_path / "seed0.json"), "--images", str(tmp_path), "--out",
+                 str(tmp_path / "out")]) == 2  # fmt: skip
+    assert "no saved model beside it" not in capsys.readouterr().err
+    _one_line_exit_2(capsys, ["search", str(tmp_path), str(tmp_path / "q.jpg")],
+                     f"make one with `python -m harness index MODEL --images FOLDER --out "
+                     f"{tmp_path}`")  # fmt: skip
+    assert not (tmp_path / "out").exists()

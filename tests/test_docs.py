@@ -114,3 +114,25 @@ def test_the_site_builds_strictly(tmp_path):
     reference = (site / "api" / "harness" / "index.html").read_text()
     for name in ("register_method", "MethodContext", "EmbeddingHead", "Pairs", "all_pairs"):
         assert f'id="harness.{name}"' in reference, name  # the public API is rendered
+
+
+def test_the_help_lists_every_command_and_says_what_each_argument_is():
+    """`--help` names all the commands, each summary is a whole phrase (none stops on a word
+    like "how"), and every argument, positional or optional, has a line of help."""
+    parser = build_parser()
+    top = " ".join(parser.format_help().split())
+    listed = top.split("Commands: ", 1)[1].split(";", 1)[0].split(", ")
+    assert set(listed) == {name for name in COMMANDS if " " not in name}
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for choice in sub._choices_actions:
+        assert choice.help and choice.help.split()[-1] not in {"how", "of", "the", "a", "and"}
+    silent = [f"{name} {a.option_strings or a.metavar or a.dest}"
+              for name, p in COMMANDS.items() for a in p._actions
+              if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+              and not a.help]  # fmt: skip
+    assert silent == []
+    for name, says in [("export", "--format {onnx,torchscript} onnx"), ("export", "--out FILE "
+                       "the file"), ("index", "--images FOLDER the folder"), ("index", "--out "
+                       "INDEX_DIR the index's folder"), ("search", "INDEX_DIR an index"),
+                       ("search", "IMAGE one or more"), ("compare", "B the method A")]:  # fmt: skip
+        assert says in " ".join(COMMANDS[name].format_help().split()), (name, says)

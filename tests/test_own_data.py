@@ -287,8 +287,9 @@ def test_verify_reports_each_problem_on_one_line(tmp_path, capsys):
     assert code == 1 and out[-1].startswith("FAIL")
     assert [line for line in out if line.startswith("missing")] == [
         f"missing {(root / 'images' / '1_2.png').resolve()}"]  # fmt: skip
-    assert any(line.startswith("unreadable: cannot decode image") and "5_0.png" in line
-               for line in out)  # fmt: skip
+    bad = [line for line in out if line.startswith("unreadable: cannot decode image")]
+    assert len(bad) == 1 and "5_0.png" in bad[0]
+    assert bad[0].endswith("fix or remove the file in your folder (docs/own-data.md)")
     assert "class 1 (3 images): fewer than K=4 training images" in out
     fixed = image_folder(tmp_path / "imgs", fixed=True)
     draw(fixed / "test" / "class2" / "0.png", 2, 0)
@@ -298,3 +299,18 @@ def test_verify_reports_each_problem_on_one_line(tmp_path, capsys):
         capsys, "--dataset", "folder", "--data-root", str(image_folder(tmp_path / "ok"))
     )
     assert code == 0 and out[-1] == "OK"
+
+
+@pytest.mark.parametrize("decoder", ["pil", "torch"])
+def test_a_broken_photo_of_ones_own_folder_is_to_be_fixed_or_removed(decoder, tmp_path):
+    """Not "replace it from the official archive": a folder of one's own has none."""
+    root = image_folder(tmp_path / "imgs")
+    (root / "class3" / "1.png").write_bytes(b"not a png")
+    (root / "class4" / "2.png").write_bytes(b"")
+    images = folder.listing(root).to_images().images.decoded_by(decoder)
+    files = [str(p) for p in images.paths]
+    for name in ("class3/1.png", "class4/2.png"):
+        with pytest.raises(HarnessError) as err:
+            images[files.index(str(root / name))]
+        assert str(err.value).endswith("fix or remove the file in your folder (docs/own-data.md)")
+        assert "official archive" not in str(err.value)

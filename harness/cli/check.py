@@ -17,7 +17,8 @@ from harness.core import HarnessError, load_methods
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     ck = sub.add_parser("check", help="CI regression check of every method's metrics")
-    ck.add_argument("--protocol", default="regression")
+    ck.add_argument("--protocol", default="regression",
+                    help="protocol name or YAML path (default: regression)")  # fmt: skip
     ck.add_argument("--methods", help="NAME[,NAME...] (default: every registered method)")
     ck.add_argument(
         "--baselines", type=Path,
@@ -25,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     ck.add_argument("--update", action="store_true", help="rewrite the baselines from this run")
     ck.add_argument("--reason", help="why the baselines change (required with --update)")
-    ck.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ck.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="auto (default): cuda when a GPU is visible, else cpu")  # fmt: skip
     ck.add_argument(
         "--mode", default="auto", choices=["auto", "exact", "statistical"],
         help="auto (default): exact on the baseline's machine fingerprint; elsewhere a row whose "

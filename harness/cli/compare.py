@@ -4,16 +4,21 @@ their per-seed means with its 95% interval and p-value."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from pathlib import Path
 
+from harness.cli.argtypes import add_plugin_option
 from harness.core import (
+    METHODS,
     SINGLE_METRICS,
     UNBOUNDED_METRICS,
     HarnessError,
+    Protocol,
     closest,
     compare,
     is_single_metric,
+    load_methods,
     load_protocol,
     program_name,
     t_interval,
@@ -24,12 +29,15 @@ from harness.records import load_results, reference_dir
 def add_parser(sub: argparse._SubParsersAction) -> None:
     cmp = sub.add_parser("compare", help="is method A better than method B? (difference, CI, p)")
     cmp.add_argument("a", metavar="A", help="method (NAME+tuned for its tuned configuration)")
-    cmp.add_argument("b", metavar="B")
+    cmp.add_argument("b", metavar="B", help="the method A is compared with (NAME or NAME+tuned)")
     cmp.add_argument("--protocol", default="default", help="protocol name or YAML path")
     cmp.add_argument("--metric", help="default: the protocol's main metric (evaluation.select_by)")
-    cmp.add_argument("--results-dir", default="results")
+    cmp.add_argument(
+        "--results-dir", default="results", help="the results folder (default: results)"
+    )
     cmp.add_argument("--max-steps", type=int, help="compare runs capped at this --max-steps "
                      "(default: full runs only)")  # fmt: skip
+    add_plugin_option(cmp)
     cmp.set_defaults(handler=cmd_compare)
 
 
@@ -57,18 +65,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 f"hyperparameters and are never averaged: compare one of {', '.join(split)}"
             )
         if name not in values:
-            raise HarnessError(
-                f"no finished {protocol.name} run of {name!r} reports {metric} under "
-                f"{args.results_dir} (protocol hash {protocol.hash}){closest(name, values)}; "
-                f"run `{program_name()} run --protocol {protocol.name} --method "
-                f"{name.split('+')[0].split('@')[0]}` first{_committed(args.results_dir, protocol.name)}"
-                + (
-                    f" (runs capped by --max-steps {', '.join(map(str, capped))} exist: pass "
-                    "compare the same --max-steps)"
-                    if capped
-                    else ""
-                )
-            )
+            raise HarnessError(_no_runs(args, protocol, metric, name, values, capped))
     a, b = values[args.a], values[args.b]
     scale = 1.0 if metric in UNBOUNDED_METRICS else 100.0  # a ratio is shown as is
     cap = "" if args.max_steps is None else f", runs capped at {args.max_steps} steps"
@@ -86,6 +83,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"  P({args.a} worse · ≈ · better than {args.b}, ROPE ±{rope:g}): {probs.cell()} "
               f"(Bayesian correlated t-test over the {probs.n} seeds both ran)")  # fmt: skip
     return 0
+
+
+def _no_runs(
+    args: argparse.Namespace, protocol: Protocol, metric: str, name: str, values: dict,
+    capped: list[int],
+) -> str:  # fmt: skip
+    """Why `name` cannot be compared, and a command that runs as printed: for a misspelt name
+    the suggestion's (compare it when it has runs, else run it), with the --plugin files given."""
+    load_methods()
+    method = name.split("+")[0].split("@")[0]
+    known = sorted(set(values) | set(METHODS.names()))
+    close = [] if method in METHODS else difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    suggestion = close[0] if close else ""
+    plugins = "".join(f" --plugin {p}" for p in getattr(args, "plugin", None) or [])
+    head = (f"no finished {protocol.name} run of {name!r} reports {metric} under "
+            f"{args.results_dir} (protocol hash {protocol.hash})"
+            + (f" (did you mean {suggestion!r}?)" if suggestion else ""))  # fmt: skip
+    if suggestion in values:
+        pair = (suggestion, args.b) if name == args.a else (args.a, suggestion)
+        return (f"{head}; compare it: `{program_name()} compare {pair[0]} {pair[1]} --protocol "
+                f"{protocol.name} --results-dir {args.results_dir}{plugins}`")  # fmt: skip
+    method = (suggestion or method).split("+")[0].split("@")[0]
+    tail = (f" (runs capped by --max-steps {', '.join(map(str, capped))} exist: pass compare "
+            "the same --max-steps)" if capped else "")  # fmt: skip
+    return (f"{head}; run `{program_name()} run --protocol {protocol.name} --method {method}"
+            f"{plugins}` first{_committed(args.results_dir, protocol.name)}{tail}")  # fmt: skip
 
 
 def _committed(results_dir: str, protocol: str) -> str:

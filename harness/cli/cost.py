@@ -55,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cost.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS,
                       help="throughput: interleaved rounds, every method timed once per round, "
                       "the fastest round of each kept (default: %(default)s)")  # fmt: skip
-    cost.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    cost.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                      help="auto (default): cuda when a GPU is visible, else cpu")  # fmt: skip
     cost.add_argument("--data-root", help="folder holding the dataset's files")
     cost.add_argument("--results-dir", default="results", help="default: results")
     cost.add_argument("--no-overhead", action="store_true",

@@ -45,8 +45,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "already downloaded (default: its GitHub archive)")  # fmt: skip
     fetch.add_argument("--force", action="store_true", help="build it again even if present")
     download_ = dsub.add_parser("download", help="fetch a paper dataset that has a public URL")
-    download_.add_argument("--dataset", required=True, choices=PAPERS)
-    download_.add_argument("--data-root", required=True, type=Path)
+    download_.add_argument("--dataset", required=True, choices=PAPERS,
+                           help="the paper dataset to download")  # fmt: skip
+    download_.add_argument("--data-root", required=True, type=Path,
+                           help="the folder to download it into")  # fmt: skip
     data.set_defaults(handler=cmd_data)
 
 

@@ -35,25 +35,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "TorchScript, to embed images without the harness")  # fmt: skip
     ex.add_argument("model", type=Path, metavar="MODEL",
                     help="a run's seed<k>.model.pt, or its seed<k>.json beside it")  # fmt: skip
-    ex.add_argument("--format", required=True, choices=FORMATS)
-    ex.add_argument("--out", required=True, type=Path, metavar="FILE")
+    ex.add_argument("--format", required=True, choices=FORMATS,
+                    help="onnx (onnxruntime and other ONNX runtimes) or torchscript (torch.jit."
+                    "load, no harness needed); the preprocessing is recorded inside")  # fmt: skip
+    ex.add_argument("--out", required=True, type=Path, metavar="FILE",
+                    help="the file to write (e.g. model.onnx); its embeddings are checked "
+                    "against the harness's before the command succeeds")  # fmt: skip
     ex.set_defaults(handler=cmd_export)
     ix = sub.add_parser("index", help="embed a folder of photos with a kept model and build "
                         "(or update) a searchable index")  # fmt: skip
     ix.add_argument("model", type=Path, metavar="MODEL",
                     help="a run's seed<k>.model.pt, or its seed<k>.json beside it")  # fmt: skip
-    ix.add_argument("--images", required=True, type=Path, metavar="FOLDER")
-    ix.add_argument("--out", required=True, type=Path, metavar="INDEX_DIR")
+    ix.add_argument("--images", required=True, type=Path, metavar="FOLDER",
+                    help="the folder of photos to index (every image file under it; files that "
+                    "cannot be decoded are skipped and counted)")  # fmt: skip
+    ix.add_argument("--out", required=True, type=Path, metavar="INDEX_DIR",
+                    help="the index's folder: created, or updated (only new, changed and "
+                    "removed photos are embedded again) when it holds an index of FOLDER")  # fmt: skip
     ix.add_argument("--kind", metavar="KIND[:k=v,...]",
                     help=f"the faiss index: {', '.join(KINDS)} (default flat, exact; hnsw or "
                     "ivfpq past a million photos, e.g. hnsw:M=32 or ivfpq:nlist=1024,m=64); an "
                     "existing index keeps its own unless given")  # fmt: skip
-    ix.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ix.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="where the network embeds the photos: auto (default: cuda when a GPU "
+                    "is visible, else cpu)")  # fmt: skip
     add_engine_options(ix)
     ix.set_defaults(handler=cmd_index)
     se = sub.add_parser("search", help="the nearest indexed photos to each query photo")
-    se.add_argument("index", type=Path, metavar="INDEX_DIR")
-    se.add_argument("images", type=Path, nargs="+", metavar="IMAGE")
+    se.add_argument("index", type=Path, metavar="INDEX_DIR",
+                    help="an index that `index MODEL --images FOLDER --out INDEX_DIR` wrote")  # fmt: skip
+    se.add_argument("images", type=Path, nargs="+", metavar="IMAGE",
+                    help="one or more query photos (any file PIL decodes)")  # fmt: skip
     se.add_argument("-k", type=positive_int, default=10, help="results per query (default 10)")
     se.add_argument("--model", type=Path, help="the kept model (default: the one the index "
                     "records; it must be the same weights)")  # fmt: skip
@@ -79,6 +91,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 def model_file(path: Path) -> Path:
     """MODEL as given: a model file, or a run's result file (its model beside it)."""
+    if not path.exists():
+        raise HarnessError(f"{path} does not exist; give a run's seed<k>.model.pt or its "
+                           "seed<k>.json (under <results-dir>/runs/<protocol>/<method>/, kept by "
+                           f"`{program_name()} run --method NAME --save-model`)")  # fmt: skip
     if path.suffix == ".json":
         beside = model_path(path)
         if not beside.is_file():

@@ -41,7 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     evaluate.add_parser(sub)
 
     lb = sub.add_parser("leaderboard", help="regenerate results/LEADERBOARD.md")
-    lb.add_argument("--results-dir", default="results")
+    lb.add_argument(
+        "--results-dir", default="results", help="the results folder (default: results)"
+    )
     lb.set_defaults(handler=cmd_leaderboard)
 
     val = sub.add_parser("validate", help="check protocol files as `run` does before training "

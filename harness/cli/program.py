@@ -1,4 +1,4 @@
-"""Command line: run, tune, cost, check, compare, ls, evaluate, show, leaderboard, report, data.
+"""Command line: train, compare, tune and deploy deep metric learning methods under protocols.
 
 User errors print one line `error: ...` on stderr and exit with status 2; Ctrl-C stops with a
 line saying how to resume (finished runs are kept and skipped on the next run). Each command's
@@ -24,12 +24,15 @@ COMMAND_MODULES = (run, info, show, report, cost, check, compare, tune, deploy, 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The program's parser; its description names every command (what `--help` lists)."""
     parser = top_parser(__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_global_options(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
     for module in COMMAND_MODULES:
         module.add_parser(sub)
+    parser.description = (f"{__doc__.splitlines()[0]} Commands: {', '.join(sub.choices)}; "
+                          f"`{parser.prog} COMMAND --help` says what each takes.")  # fmt: skip
     return parser
 
 

@@ -12,7 +12,9 @@ from harness.core import load_methods
 def add_parser(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="write the results as a static HTML report "
                             "(<results-dir>/report/index.html, open it in a browser)")  # fmt: skip
-    report.add_argument("--results-dir", default="results")
+    report.add_argument(
+        "--results-dir", default="results", help="the results folder (default: results)"
+    )
     report.add_argument("--out", type=Path, help="the folder to write (default: "
                         "<results-dir>/report; a report there is replaced)")  # fmt: skip
     report.set_defaults(handler=cmd_report)

@@ -53,7 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--protocol", default="default", help="protocol name or YAML path")
     run.add_argument("--seeds", type=seed_list, help="override the protocol's seeds, e.g. 0,1,2")
     run.add_argument("--data-root", help="folder holding the dataset's files")
-    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                     help="auto (default): cuda when a GPU is visible, else cpu")  # fmt: skip
     run.add_argument("--max-steps", type=positive_int, help="cap training steps (smoke runs)")
     run.add_argument("--results-dir", default="results",
                      help="default: results (yours, untracked; the committed reference results "

@@ -32,9 +32,12 @@ def add_parser(sub: Any) -> None:
                     help="class-disjoint folds of the training classes (default 1)")  # fmt: skip
     tn.add_argument("--storage", help="Optuna storage URL (default: an SQLite file under "
                     "<results-dir>/tuning/<protocol>/); share one to run several workers")  # fmt: skip
-    tn.add_argument("--results-dir", default="results")
+    tn.add_argument(
+        "--results-dir", default="results", help="the results folder (default: results)"
+    )
     tn.add_argument("--data-root", help="folder holding the dataset's files")
-    tn.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    tn.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="auto (default): cuda when a GPU is visible, else cpu")  # fmt: skip
     tn.add_argument("--max-steps", type=positive_int, help="cap each trial's steps (smoke)")
     tn.add_argument("--engine", default="local", choices=["local", "ray"],
                     help="local: trials one after another here; ray: trials as Ray tasks")  # fmt: skip
@@ -49,12 +52,13 @@ def add_parser(sub: Any) -> None:
     tn.set_defaults(handler=cmd_tune)
 
     cal = sub.add_parser("calibrate", help="choose a protocol's settings on validation classes "
-                         "(protocols/calibration/NAME.yaml): the committed record of how")  # fmt: skip
+                         "(protocols/calibration/NAME.yaml) and record how they were chosen")  # fmt: skip
     cal.add_argument("calibration", help="calibration name (protocols/calibration/) or YAML path")
     cal.add_argument("--results-dir", default="results", help="the record goes to "
                      "<results-dir>/calibration/NAME.json and .md (default: results)")  # fmt: skip
     cal.add_argument("--data-root", help="folder holding the dataset's files")
-    cal.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    cal.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                     help="auto (default): cuda when a GPU is visible, else cpu")  # fmt: skip
     cal.add_argument("--max-steps", type=positive_int, help="cap each run's steps (smoke)")
     add_fetch_option(cal)
     cal.set_defaults(handler=cmd_calibrate)

@@ -31,7 +31,7 @@ import torch
 from harness.core import HarnessError, program_name
 from harness.data.boxes import box_edges
 from harness.data.photo_decode import open_photo
-from harness.data.torch_decode import read
+from harness.data.torch_decode import broken_advice, read
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -57,22 +57,25 @@ def set_decode_threads(threads: int) -> None:
     DECODE_THREADS, _POOL = max(1, int(threads)), None
 
 
-def open_rgb(path: str | Path) -> Image.Image:
+def open_rgb(path: str | Path, own: bool = False) -> Image.Image:
     """The image at `path` fully decoded as a viewer shows it (upright, RGB: harness.data.
-    photo_decode); a HarnessError naming the path otherwise."""
+    photo_decode); a HarnessError naming the path otherwise, saying what to do about it (a
+    photo of the user's own folder, `own`, is fixed or removed there)."""
     try:
         return open_photo(path, f"image {path}", advice="the file is corrupt or truncated: "
-                          "replace it from the official archive")  # fmt: skip
+                          f"{broken_advice(own)}")  # fmt: skip
     except FileNotFoundError:
         raise HarnessError(
             f"image {path} is missing; check the dataset with `{program_name()} data verify`"
         ) from None
 
 
-def decode(path: str | Path, size: int, box: np.ndarray | None = None) -> np.ndarray:
+def decode(
+    path: str | Path, size: int, box: np.ndarray | None = None, own: bool = False
+) -> np.ndarray:
     """uint8 [3, size, size]: the image, cropped to `box` (left, top, right, bottom; pixel
     edges, clamped to the image) when given, resized to size x size (size 0: not resized)."""
-    return pixels(open_rgb(path), size, box)
+    return pixels(open_rgb(path, own), size, box)
 
 
 def pixels(im: Image.Image, size: int, box: np.ndarray | None = None) -> np.ndarray:
@@ -111,7 +114,9 @@ class LazyImages:
 
     paths: one file per item; boxes: float [N, 4] crop boxes (NaN rows: no crop) or None.
     decoder: "pil" (decode with PIL on the CPU, in whichever process loads) or "torch"
-    (torchvision's decoder on `device`; harness.data.torch_decode).
+    (torchvision's decoder on `device`; harness.data.torch_decode). own: the files are the
+    user's own folder's, not an official dataset's (a broken one's error says to fix or
+    remove it, not to fetch it again).
     """
 
     dtype = torch.uint8
@@ -125,8 +130,9 @@ class LazyImages:
         indices: np.ndarray | None = None,
         decoder: str = "pil",
         device: str = "cpu",
+        own: bool = False,
     ) -> None:
-        self.paths = paths
+        self.paths, self.own = paths, own
         self.size = int(size)
         self.boxes = boxes
         self.indices = np.arange(len(paths)) if indices is None else np.asarray(indices, np.int64)
@@ -156,21 +162,25 @@ class LazyImages:
         return self._view(self.indices[idx.astype(np.int64)])
 
     def _view(self, indices: np.ndarray) -> LazyImages:
-        return LazyImages(self.paths, self.size, self.boxes, indices, self.decoder, self.device)
+        return LazyImages(self.paths, self.size, self.boxes, indices, self.decoder, self.device,
+                          self.own)  # fmt: skip
 
     def resized(self, size: int) -> LazyImages:
         """The same images decoded at another size."""
-        return LazyImages(self.paths, size, self.boxes, self.indices, self.decoder, self.device)
+        return LazyImages(self.paths, size, self.boxes, self.indices, self.decoder, self.device,
+                          self.own)  # fmt: skip
 
     def decoded_by(self, decoder: str, device: str | torch.device = "cpu") -> LazyImages:
         """The same images decoded by "pil" or by "torch" on `device`."""
-        return LazyImages(self.paths, self.size, self.boxes, self.indices, decoder, str(device))
+        return LazyImages(self.paths, self.size, self.boxes, self.indices, decoder, str(device),
+                          self.own)  # fmt: skip
 
     def read(self) -> Encoded:
         """The view's files read but not decoded, for the torch decoder on self.device."""
 
         boxes = [None if self.boxes is None else self.boxes[i] for i in self.indices]
-        return read([str(self.paths[i]) for i in self.indices], boxes, self.size, self.device)
+        return read([str(self.paths[i]) for i in self.indices], boxes, self.size, self.device,
+                    self.own)  # fmt: skip
 
     def path(self, i: int) -> str:
         return str(self.paths[int(self.indices[i])])
@@ -190,7 +200,7 @@ class LazyImages:
         def one(pos: int) -> None:
             i = int(self.indices[pos])
             box = None if self.boxes is None else self.boxes[i]
-            out[pos] = decode(self.paths[i], self.size, box)
+            out[pos] = decode(self.paths[i], self.size, box, self.own)
 
         if len(self) <= 2 or DECODE_THREADS == 1:
             for pos in range(len(self)):

@@ -56,7 +56,7 @@ class OwnListing:
                 if (self.partition == part).any()
             )
         return LabelledImages(
-            images=LazyImages(self.files, NATIVE_SIZE),
+            images=LazyImages(self.files, NATIVE_SIZE, own=True),
             labels=self.labels,
             class_names=self.class_names,
             coarse_labels=self.coarse_labels,

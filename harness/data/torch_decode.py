@@ -28,6 +28,14 @@ from harness.data.boxes import box_edges
 JPEG = b"\xff\xd8"
 
 
+def broken_advice(own: bool) -> str:
+    """What to do about a broken photo: an official dataset's copy comes again from its
+    archive; a photo in the user's own folder can only be fixed or removed there."""
+    if own:
+        return "fix or remove the file in your folder (docs/own-data.md)"
+    return "replace it from the official archive"
+
+
 @dataclass
 class Encoded:
     """A batch of image files as read from disk, to be decoded on `device`: what the data
@@ -39,11 +47,12 @@ class Encoded:
     paths: list[str]
     size: int  # side of the square to resize to; 0: each image at its own size
     device: str
+    own: bool = False  # the photos are the user's own folder's (what a broken one's error says)
 
     def decode(self) -> torch.Tensor | list[torch.Tensor]:
         """uint8 [B, 3, S, S] on the device (size 0: a list of [3, H, W])."""
         data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in self.data]
-        images = _decode_all(data, self.paths, torch.device(self.device))
+        images = _decode_all(data, self.paths, torch.device(self.device), self.own)
         images = [upright(x, orientation(b)) for x, b in zip(images, self.data, strict=True)]
         out = [_crop_resize(x, box, self.size) for x, box in zip(images, self.boxes, strict=True)]
         if not self.size:
@@ -53,9 +62,11 @@ class Encoded:
         return torch.stack(out)
 
 
-def read(paths: list[str], boxes: list[np.ndarray | None], size: int, device: str) -> Encoded:
+def read(
+    paths: list[str], boxes: list[np.ndarray | None], size: int, device: str, own: bool = False
+) -> Encoded:
     """The files' bytes, read (not decoded); a missing, unreadable or empty file is a
-    HarnessError naming it."""
+    HarnessError naming it (`own`: the photos are the user's own, see broken_advice)."""
     data = []
     for path in paths:
         try:
@@ -67,11 +78,13 @@ def read(paths: list[str], boxes: list[np.ndarray | None], size: int, device: st
         except OSError as exc:
             raise HarnessError(f"cannot read image {path} ({exc.strerror or exc})") from None
         if not data[-1]:
-            raise HarnessError(f"image {path} is empty; replace it from the official archive")
-    return Encoded(data, boxes, list(paths), int(size), str(device))
+            raise HarnessError(f"image {path} is empty; {broken_advice(own)}")
+    return Encoded(data, boxes, list(paths), int(size), str(device), own)
 
 
-def _decode_all(data: list[torch.Tensor], paths: list[str], device: torch.device) -> list:
+def _decode_all(
+    data: list[torch.Tensor], paths: list[str], device: torch.device, own: bool
+) -> list:
     """Every file as RGB uint8 [3, H, W] on `device`: the JPEGs in one batched call, other
     formats (PNG, ...) one by one on the CPU."""
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
@@ -89,11 +102,11 @@ def _decode_all(data: list[torch.Tensor], paths: list[str], device: torch.device
             for i in (i for i in range(len(data)) if out[i] is None):
                 out[i] = _eight_bit(decode_image(data[i], mode=ImageReadMode.RGB)).to(device)
         except RuntimeError:
-            return [_decode_one(b, path, device) for b, path in zip(data, paths, strict=True)]
+            return [_decode_one(b, path, device, own) for b, path in zip(data, paths, strict=True)]
     return out
 
 
-def _decode_one(data: torch.Tensor, path: str, device: torch.device) -> torch.Tensor:
+def _decode_one(data: torch.Tensor, path: str, device: torch.device, own: bool) -> torch.Tensor:
     """After a batched call failed: this file alone on the device, else on the CPU (nvJPEG
     does not take every JPEG, e.g. CMYK ones); a file no decoder takes is named."""
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
@@ -109,7 +122,7 @@ def _decode_one(data: torch.Tensor, path: str, device: torch.device) -> torch.Te
             return _eight_bit(decode_image(data, mode=ImageReadMode.RGB)).to(device)
         except RuntimeError as exc:
             raise HarnessError(f"cannot decode image {path} ({exc}); the file is corrupt or "
-                               "truncated: replace it from the official archive") from None  # fmt: skip
+                               f"truncated: {broken_advice(own)}") from None  # fmt: skip
 
 
 def orientation(data: bytes) -> int:

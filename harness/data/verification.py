@@ -35,9 +35,9 @@ def _listings(dataset: str, root: Path) -> dict[str, Listing]:
     return {"": module.listing(root)}
 
 
-def _problem(path: str) -> str | None:
+def _problem(path: str, own: bool = False) -> str | None:
     try:
-        open_rgb(path)
+        open_rgb(path, own)
     except HarnessError as exc:
         return str(exc)
     return None
@@ -60,7 +60,8 @@ def verify_own(
     if decode:
         present = [f for f in listing.files if f not in missing]
         with ThreadPoolExecutor(DECODE_THREADS) as pool:
-            unreadable = [p for p in pool.map(_problem, present) if p is not None]
+            problems = pool.map(lambda path: _problem(path, own=True), present)
+            unreadable = [p for p in problems if p is not None]
     small = [f"class {c}: fewer than K={k} training images"
              for c in own.small_classes(listing, k)]  # fmt: skip
     lines += own.shown([f"missing {f}" for f in sorted(missing)], "missing")

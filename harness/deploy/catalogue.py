@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import harness
-from harness.core import HarnessError, file_sha256
+from harness.core import HarnessError, file_sha256, program_name
 from harness.deploy.images import embed_files, image_files, report_failed
 from harness.deploy.model import LoadedModel
 from harness.deploy.vectors import IndexSpec, VectorIndex, build_index, load_index
@@ -76,7 +76,7 @@ def read_catalogue(folder: Path) -> Catalogue:
     header_path = folder / HEADER
     if not header_path.is_file():
         raise HarnessError(f"{folder} is not an index (no {HEADER}); make one with "
-                           "`index MODEL --images FOLDER --out DIR`")  # fmt: skip
+                           f"`{program_name()} index MODEL --images FOLDER --out {folder}`")  # fmt: skip
     try:
         header = json.loads(header_path.read_text("utf-8"))
     except (OSError, ValueError) as exc:

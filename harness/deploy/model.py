@@ -23,7 +23,15 @@ import torch
 from torch import nn
 
 from harness.backbones import Backbone, FrozenTrunkTail, build_backbone
-from harness.core import METHODS, BackboneSpec, HarnessError, MethodContext, Protocol, load_methods
+from harness.core import (
+    METHODS,
+    BackboneSpec,
+    HarnessError,
+    MethodContext,
+    Protocol,
+    load_methods,
+    program_name,
+)
 from harness.records import write_bytes_atomic
 
 FORMAT = "dml-harness embedding model"
@@ -163,13 +171,15 @@ def read_model(path: Path) -> KeptModel:
     """The model file at `path`, checked: ours, complete and its tensors as recorded."""
     not_ours = f"{path} is not a model saved by `run --save-model`"
     if not path.is_file():
-        raise HarnessError(f"model file {path} does not exist; save one with `run ... "
-                           "--save-model` (it is written beside the run's seed<k>.json)")  # fmt: skip
+        raise HarnessError(f"model file {path} does not exist; save one with `{program_name()} "
+                           "run --method NAME --save-model` (it is written beside the run's "
+                           "seed<k>.json)")  # fmt: skip
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated zip, a pickle of other objects, a text file
         raise HarnessError(f"{not_ours}, or it is truncated ({type(exc).__name__}); save it "
-                           "again with `run ... --save-model --force`") from None  # fmt: skip
+                           f"again with `{program_name()} run --method NAME --save-model "
+                           "--force`") from None  # fmt: skip
     meta = data.get("meta") if isinstance(data, dict) else None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise HarnessError(f"{not_ours} (no `{FORMAT}` header)")
@@ -179,7 +189,8 @@ def read_model(path: Path) -> KeptModel:
     state = data.get("state")
     if not isinstance(state, dict) or state_sha256(state) != meta.get("weights_sha256"):
         raise HarnessError(f"{path}: its tensors do not match the sha256 it records (damaged "
-                           "file); save it again with `run ... --save-model --force`")  # fmt: skip
+                           f"file); save it again with `{program_name()} run --method "
+                           f"{meta.get('method', {}).get('name', 'NAME')} --save-model --force`")  # fmt: skip
     return KeptModel(meta, state)
 
 

@@ -167,3 +167,36 @@ def test_method_versions_and_hyperparameters_are_never_averaged(tmp_path: Path, 
     assert main([*args, "a@v2", "a@v1"]) == 0
     out = capsys.readouterr().out
     assert "a@v2: 55.00" in out and "(2 seeds: 1, 2)" in out and "a@v1: 90.00" in out
+
+
+def test_compare_hints_run_as_printed_with_the_suggestion_and_the_plugins(tmp_path, capsys):
+    """A misspelt method's hint names the suggestion, not the misspelling, in a command that
+    runs as printed: compare it when it has runs, else run it (with the --plugin files)."""
+    from tests.harness.test_plugins import plugin_file
+
+    smoke = load_protocol("smoke")
+    for seed, v in enumerate([0.5, 0.6, 0.7]):
+        path = tmp_path / "runs" / "smoke" / "contrastive" / f"seed{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_result("contrastive", seed, v, smoke.hash)))
+    args = ["--protocol", "smoke", "--results-dir", str(tmp_path)]
+    assert main(["compare", "contrastve", "triplet", *args]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "(did you mean 'contrastive'?); compare it: `python -m harness compare contrastive "
+        f"triplet --protocol smoke --results-dir {tmp_path}`"
+    ) in err
+    assert main(["compare", "contrastive", "triplett", *args]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "(did you mean 'triplet'?); run `python -m harness run --protocol smoke --method "
+        "triplet` first"
+    ) in err
+    plugin = plugin_file(tmp_path, "cosine_margin")
+    assert main(["compare", "cosine_margin", "contrastive", *args, "--plugin", str(plugin)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"run `python -m harness run --protocol smoke --method cosine_margin --plugin {plugin}` "
+        "first"
+    ) in err
+    assert err.count("\n") == 1
