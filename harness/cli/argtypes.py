@@ -55,6 +55,17 @@ def add_plugin_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_kept_plugin_option(parser: argparse.ArgumentParser) -> None:
+    """`--plugin`: the plugin a kept model's method came from (`run --plugin ... --save-model`);
+    the model file names it but never runs it, and a plugin changed since is refused."""
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="PATH_OR_MODULE",
+        help="the plugin (.py file or importable module) the kept model's method came from, as "
+        "given to `run --plugin` (repeatable); one whose source changed since the model was "
+        "kept is refused",
+    )  # fmt: skip
+
+
 def add_fetch_option(parser: argparse.ArgumentParser) -> None:
     """`--fetch`: the commands that read a real-photo dataset build it from its source when it
     is missing (as `data fetch NAME` does; the same as DML_HARNESS_FETCH=1)."""

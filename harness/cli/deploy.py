@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.backbones.engine import ENGINES
-from harness.cli.argtypes import positive_int
+from harness.cli.argtypes import add_kept_plugin_option, positive_int
 from harness.core import HarnessError, program_name, resolve_device
 from harness.deploy import (
     FORMATS,
@@ -41,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--out", required=True, type=Path, metavar="FILE",
                     help="the file to write (e.g. model.onnx); its embeddings are checked "
                     "against the harness's before the command succeeds")  # fmt: skip
+    add_kept_plugin_option(ex)
     ex.set_defaults(handler=cmd_export)
     ix = sub.add_parser("index", help="embed a folder of photos with a kept model and build "
                         "(or update) a searchable index")  # fmt: skip
@@ -60,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="where the network embeds the photos: auto (default: cuda when a GPU "
                     "is visible, else cpu)")  # fmt: skip
     add_engine_options(ix)
+    add_kept_plugin_option(ix)
     ix.set_defaults(handler=cmd_index)
     se = sub.add_parser("search", help="the nearest indexed photos to each query photo")
     se.add_argument("index", type=Path, metavar="INDEX_DIR",
@@ -73,6 +75,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_engine_options(se)
     se.add_argument("--html", type=Path, metavar="PAGE",
                     help="also write an HTML page: each query and its results as a grid")  # fmt: skip
+    add_kept_plugin_option(se)
     se.set_defaults(handler=cmd_search)
 
 

@@ -8,6 +8,11 @@ photos, not cached features. The file is a torch.save of plain data (tensors, st
 numbers), read back with `weights_only=True`: loading it never runs code. Its weights' sha256
 (`weights_sha256`) is over the tensors themselves, so an index (harness.deploy.catalogue)
 knows the model it was made with whatever file holds it.
+
+A plugin method's model records the plugin (`method.source`: its file's path and sha256, as
+the run's result does). The file names the plugin but never loads it: the commands that
+rebuild the method take the same `--plugin`, and a plugin whose source changed since the
+model was kept is refused (the network it builds might not be the one trained).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from harness.core import (
     HarnessError,
     MethodContext,
     Protocol,
+    describe_source,
     load_methods,
     program_name,
 )
@@ -200,7 +206,7 @@ def load_model(path: Path | str) -> LoadedModel:
     kept = read_model(path)
     meta = kept.meta
     load_methods()
-    method_spec = METHODS.get(meta["method"]["name"])
+    method_spec = METHODS.get(_rebuildable(meta, path))
     context = MethodContext(
         **{**meta["context"], "stage_dims": tuple(meta["context"]["stage_dims"])}
     )
@@ -215,3 +221,69 @@ def load_model(path: Path | str) -> LoadedModel:
                                f" ({str(exc).splitlines()[0]})") from None  # fmt: skip
     embedder = Embedder(backbone, method.head).eval()
     return LoadedModel(embedder, meta, path)
+
+
+def _plugin_option(source: dict[str, str]) -> str:
+    """The `--plugin` that loads a recorded plugin source: its module's name or file's path."""
+    return f"--plugin {source.get('module') or source['path']}"
+
+
+def _rebuildable(meta: dict[str, Any], path: Path) -> str:
+    """The kept model's method name, once its code is the code it was kept with: a plugin's
+    method must be loaded (`--plugin`, as `run` had it; a model file names its plugin but never
+    runs it), and a plugin whose source changed since is refused (its network might not be the
+    one trained). Models kept before sources were recorded are not checked."""
+    method = meta["method"]
+    name = str(method["name"])
+    if "source" not in method:
+        return name
+    kept = method["source"]
+    if name not in METHODS and kept and ("plugin" in kept or "distribution" in kept):
+        way = (f"pass {_plugin_option(kept)}" if "plugin" in kept
+               else f"install {kept['distribution']} {kept['version']}")  # fmt: skip
+        raise HarnessError(f"{path} was kept from method {name!r} of {describe_source(kept)}, "
+                           f"which is not loaded: {way}")  # fmt: skip
+    now = METHODS.get(name).source if name in METHODS else None
+    if name in METHODS and _identity(now) != _identity(kept):
+        raise HarnessError(_changed(path, meta, now))
+    return name
+
+
+def _identity(source: dict[str, str] | None) -> dict[str, str] | None:
+    """What makes two sources the same code: a file's sha256, a distribution's version; not
+    where the file lies (as harness.records' MethodInfo.source_identity)."""
+    return None if source is None else {k: v for k, v in source.items() if k != "path"}
+
+
+def _changed(path: Path, meta: dict[str, Any], now: dict | None) -> str:
+    """One line: what changed in the method's source since the model was kept (a plugin's
+    sha256, a distribution's version), and what to do: restore it, or keep the model again."""
+    name, kept = meta["method"]["name"], meta["method"]["source"]
+    what = describe_source(now)
+    for key in ("sha256", "version"):
+        if kept and now and kept.get(key) and now.get(key):
+            then, here = str(kept[key])[:12], str(now[key])[:12]
+            what += f" changed since the model was kept ({key} {then} then, {here} now)"
+            break
+    else:
+        what = f"method {name!r} was kept from {describe_source(kept)}, but is now {what}"
+    plugin = f" {_plugin_option(now)}" if now and "plugin" in now else ""
+    return (f"{path}: {what}, so {name!r} might not rebuild the network that was trained; "
+            f"restore it as it was, or keep the model again with `{_rerun(meta)}{plugin} "
+            "--save-model --force`")  # fmt: skip
+
+
+def _rerun(meta: dict[str, Any]) -> str:
+    """`run` of the kept model's method, protocol and seed (the protocol by name where that
+    name loads the protocol the model was kept under, else PROTOCOL for its YAML file)."""
+    from harness.core import load_protocol
+
+    kept = meta.get("provenance", {}).get("protocol", {})
+    try:
+        same = load_protocol(kept.get("name", "")).hash == kept.get("hash")
+    except HarnessError:
+        same = False
+    protocol = kept.get("name") if same else "PROTOCOL.yaml"
+    seed = meta.get("provenance", {}).get("seed")
+    seeds = f" --seeds {seed}" if seed is not None else ""
+    return f"{program_name()} run --protocol {protocol} --method {meta['method']['name']}{seeds}"

@@ -157,7 +157,8 @@ def _kept(spec: RunSpec, ctx: RunContext, model: Model, record: RunResult) -> Ke
     select_by = protocol.evaluation.select_by
     meta = {
         "method": {"name": spec.method, "version": record.method.version,
-                   "hyperparameters": dict(spec.hyperparameters or {})},
+                   "hyperparameters": dict(spec.hyperparameters or {}),
+                   "source": record.method.source},  # a plugin's file and sha256; None: built in
         "context": dataclasses.asdict(model.context) if model.context else {},
         "learned_scorer": model.method.scorer is not None,
         "provenance": {

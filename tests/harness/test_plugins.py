@@ -278,3 +278,56 @@ def test_the_public_api_is_what_the_built_in_methods_import():
     assert {"register_method", "Method", "MethodContext", "EmbeddingHead", "Embedded", "Batch",
             "Pairs", "Triplets", "Quadruplets", "all_pairs", "Float", "Int",
             "Choice"} <= set(harness.__all__)  # fmt: skip
+
+
+def test_a_kept_plugin_model_is_exported_indexed_and_searched_with_its_plugin(tmp_path, capsys):
+    """`run --plugin ... --save-model` records the plugin (its path and sha256) in the model;
+    export, index and search rebuild the method with the same --plugin (or a copy of the same
+    file elsewhere, or DML_HARNESS_PLUGINS), say which --plugin is missing without it, and
+    refuse, in one line, a plugin whose file changed since the model was kept."""
+    from harness.deploy import read_model
+    from tests.test_own_data import image_folder, protocol
+
+    photos = image_folder(tmp_path / "photos")
+    plugin = plugin_file(tmp_path, "cosine_margin")
+    assert main(["-q", "run", "--protocol", protocol(tmp_path, "folder"), "--method",
+                 "cosine_margin", "--plugin", str(plugin), "--max-steps", "2", "--workers", "0",
+                 "--data-root", str(photos), "--results-dir", str(tmp_path / "results"),
+                 "--save-model"]) == 0  # fmt: skip
+    model = tmp_path / "results" / "runs" / "own" / "cosine_margin" / "seed0.model.pt"
+    sha = hashlib.sha256(plugin.read_bytes()).hexdigest()
+    assert read_model(model).meta["method"]["source"] == {
+        "plugin": "file", "path": str(plugin.resolve()), "sha256": sha}  # fmt: skip
+    index, query = tmp_path / "index", str(photos / "class1" / "0.png")
+    uses = {"export": ["export", str(model), "--format", "torchscript", "--out",
+                       str(tmp_path / "m.pt")],
+            "index": ["-q", "index", str(model), "--images", str(photos), "--out", str(index),
+                      "--engine", "torch"]}  # fmt: skip
+    for argv in uses.values():
+        code = main(argv)
+        assert f"which is not loaded: pass --plugin {plugin.resolve()}" in one_line_error(
+            capsys, code)  # fmt: skip
+        assert main([*argv, "--plugin", str(plugin)]) == 0
+    capsys.readouterr()
+    assert main(["search", str(index), query, "-k", "1", "--json", "--plugin", str(plugin)]) == 0
+    assert json.loads(capsys.readouterr().out)["queries"][0]["results"][0]["path"] == "class1/0.png"
+    copy = tmp_path / "elsewhere" / "cosine_margin.py"
+    copy.parent.mkdir()
+    copy.write_bytes(plugin.read_bytes())  # the same code elsewhere is the same method
+    assert main([*uses["export"], "--plugin", str(copy)]) == 0
+    os.environ[PLUGINS_ENV] = str(plugin)
+    try:
+        assert main(uses["export"]) == 0  # the processes' variable loads it too
+    finally:
+        os.environ.pop(PLUGINS_ENV)
+        unload_plugin(str(plugin))
+    plugin.write_text(plugin.read_text() + "# an edit\n")
+    now = hashlib.sha256(plugin.read_bytes()).hexdigest()
+    for argv in (uses["export"], uses["index"], ["search", str(index), query]):
+        err = one_line_error(capsys, main([*argv, "--plugin", str(plugin)]))
+        assert (f"plugin file {plugin.resolve()} changed since the model was kept (sha256 "
+                f"{sha[:12]} then, {now[:12]} now)") in err  # fmt: skip
+        assert "restore it as it was, or keep the model again with `python -m harness run " \
+            f"--protocol PROTOCOL.yaml --method cosine_margin --seeds 0 --plugin " \
+            f"{plugin.resolve()} --save-model --force`" in err  # fmt: skip
+    assert "cosine_margin" not in METHODS
