@@ -103,11 +103,11 @@ def _no_runs(
     if suggestion in values:
         pair = (suggestion, args.b) if name == args.a else (args.a, suggestion)
         return (f"{head}; compare it: `{program_name()} compare {pair[0]} {pair[1]} --protocol "
-                f"{protocol.name} --results-dir {args.results_dir}{plugins}`")  # fmt: skip
+                f"{protocol.argument} --results-dir {args.results_dir}{plugins}`")  # fmt: skip
     method = (suggestion or method).split("+")[0].split("@")[0]
     tail = (f" (runs capped by --max-steps {', '.join(map(str, capped))} exist: pass compare "
             "the same --max-steps)" if capped else "")  # fmt: skip
-    return (f"{head}; run `{program_name()} run --protocol {protocol.name} --method {method}"
+    return (f"{head}; run `{program_name()} run --protocol {protocol.argument} --method {method}"
             f"{plugins}` first{_committed(args.results_dir, protocol.name)}{tail}")  # fmt: skip
 
 

@@ -58,6 +58,7 @@ from harness.core.plugins import (
     PLUGINS_ENV,
     load_methods,
     load_plugin,
+    plugin_option,
     plugins_loaded,
     unload_plugin,
 )
@@ -172,6 +173,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PLUGINS_ENV",
     "load_plugin",
+    "plugin_option",
     "plugins_loaded",
     "unload_plugin",
     "load_protocol",

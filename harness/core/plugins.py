@@ -77,6 +77,15 @@ def plugins_loaded(plugins: list[str]) -> Iterator[list[str]]:
             unload_plugin(key)
 
 
+def plugin_option(method: str) -> str:
+    """' --plugin X' for a printed command that names `method`, X the plugin file's absolute
+    path or module's name it was loaded from; '' for a built-in or installed method."""
+    source = METHODS.get(method).source if method in METHODS else None
+    if not source or "plugin" not in source:
+        return ""
+    return f" --plugin {source.get('module') or source['path']}"
+
+
 def load_plugin(plugin: str) -> list[str]:
     """Import one plugin (a .py file's path, or an importable module's name) and return the
     methods it registered; a plugin already loaded with the same content is not imported

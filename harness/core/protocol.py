@@ -303,6 +303,16 @@ class Protocol:
     precision: str = "fp32"
     path: str = field(default="", compare=False)
 
+    @property
+    def argument(self) -> str:
+        """What `--protocol` takes to load this protocol again, for a printed command: a
+        shipped protocol's name, else its file's path."""
+        shipped = (
+            self.path
+            and Path(self.path).resolve() == (PROTOCOL_DIR / f"{self.name}.yaml").resolve()
+        )
+        return self.name if shipped or not self.path else self.path
+
     def __post_init__(self) -> None:
         _check(self.schema == SCHEMA_VERSION, f"schema must be {SCHEMA_VERSION}")
         # the name is a folder under --results-dir: one plain path component, no '/' or '..'

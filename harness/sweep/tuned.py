@@ -12,7 +12,14 @@ from typing import Any
 
 import yaml
 
-from harness.core import METHODS, HarnessError, Protocol, program_name, safe_folder
+from harness.core import (
+    METHODS,
+    HarnessError,
+    Protocol,
+    plugin_option,
+    program_name,
+    safe_folder,
+)
 from harness.records import reference_dir
 
 log = logging.getLogger(__name__)
@@ -50,8 +57,8 @@ def load_overlay(
             path = committed
     if not path.is_file():
         raise HarnessError(f"no tuned configuration for {method} under {protocol.name} ({path}); "
-                           f"run `{program_name()} tune --protocol {protocol.name} --method "
-                           f"{method}` first")  # fmt: skip
+                           f"run `{program_name()} tune --protocol {protocol.argument} --method "
+                           f"{method}{plugin_option(method)}` first")  # fmt: skip
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if data.get("protocol_hash") != protocol.hash:
         raise HarnessError(f"{path} was tuned under protocol hash {data.get('protocol_hash')}, "

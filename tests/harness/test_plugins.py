@@ -331,3 +331,14 @@ def test_a_kept_plugin_model_is_exported_indexed_and_searched_with_its_plugin(tm
             f"--protocol PROTOCOL.yaml --method cosine_margin --seeds 0 --plugin " \
             f"{plugin.resolve()} --save-model --force`" in err  # fmt: skip
     assert "cosine_margin" not in METHODS
+
+
+def test_the_tune_hint_of_a_plugin_method_carries_its_plugin(tmp_path, capsys):
+    """`run --tuned` without a tuned configuration names the `tune` command that makes one,
+    with the method's --plugin (and the protocol as `run` was given it), so it runs as printed."""
+    path = plugin_file(tmp_path)
+    err = one_line_error(capsys, main(["run", "--protocol", "tuning", "--method", "plug_margin",
+                                       "--tuned", "--plugin", str(path), "--results-dir",
+                                       str(tmp_path / "results")]))  # fmt: skip
+    assert (f"run `python -m harness tune --protocol tuning --method plug_margin --plugin "
+            f"{path.resolve()}` first") in err  # fmt: skip
