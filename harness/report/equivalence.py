@@ -178,7 +178,10 @@ def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None =
     cache = cache if cache is not None else PosteriorCache(None)
 
     def seeds_of(method: str) -> dict[str, dict[int, float]]:
-        return {b.name: {s: SCALE * v for s, v in b.values.get(method, {}).items()} for b in kept}
+        # a block that holds its means only (no seed values) enters with its mean as one
+        # seed: the model then sees the protocols' means, as the signed-rank test does
+        return {b.name: {s: SCALE * v for s, v in b.values[method].items()}
+                if b.values.get(method) else {0: SCALE * b.means[method]} for b in kept}  # fmt: skip
 
     x = table[reference].to_numpy()
     signed, posteriors = {}, {}
@@ -396,7 +399,7 @@ def drawing(a: Across) -> Figure:
     ax.axvline(DECISIVE, color="0.2", lw=0.8, ls=":")
     ax.set_xlabel(f"probability against {a.reference}, next protocol (dotted: {DECISIVE:g})",
                   fontsize=9)  # fmt: skip
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.6 / len(names)), ncol=3,
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.6 / max(1, len(names))), ncol=3,
               frameon=False, fontsize=8)  # fmt: skip
     ax.set_title(f"Practically equivalent to {a.reference}? {_over(a)}, ROPE ±{a.rope:g}",
                  fontsize=11)  # fmt: skip
