@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -161,19 +161,23 @@ class LazyImages:
             idx = np.flatnonzero(idx)
         return self._view(self.indices[idx.astype(np.int64)])
 
+    def _with(self, **changes: Any) -> LazyImages:
+        """This view with some of its constructor's arguments changed."""
+        args = {"paths": self.paths, "size": self.size, "boxes": self.boxes,
+                "indices": self.indices, "decoder": self.decoder, "device": self.device,
+                "own": self.own}  # fmt: skip
+        return LazyImages(**{**args, **changes})
+
     def _view(self, indices: np.ndarray) -> LazyImages:
-        return LazyImages(self.paths, self.size, self.boxes, indices, self.decoder, self.device,
-                          self.own)  # fmt: skip
+        return self._with(indices=indices)
 
     def resized(self, size: int) -> LazyImages:
         """The same images decoded at another size."""
-        return LazyImages(self.paths, size, self.boxes, self.indices, self.decoder, self.device,
-                          self.own)  # fmt: skip
+        return self._with(size=size)
 
     def decoded_by(self, decoder: str, device: str | torch.device = "cpu") -> LazyImages:
         """The same images decoded by "pil" or by "torch" on `device`."""
-        return LazyImages(self.paths, self.size, self.boxes, self.indices, decoder, str(device),
-                          self.own)  # fmt: skip
+        return self._with(decoder=decoder, device=str(device))
 
     def read(self) -> Encoded:
         """The view's files read but not decoded, for the torch decoder on self.device."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.paths import source_tree
+from harness.records.fingerprint import package_versions
 from harness.records.results import write_json_atomic
 from harness.report.bayes import Probs
 from harness.report.hierarchical import Diagnostics, Posterior, Shrunk, settings
@@ -56,18 +57,6 @@ def key_of(inputs: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("numpyro", "jax", "jaxlib"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:  # pragma: no cover - they come together
-            out[name] = "?"
-    return out
-
-
 def _probs(table: Mapping[float, Probs]) -> dict[str, list[float]]:
     return {f"{r:g}": [p.worse, p.equivalent, p.better, p.n] for r, p in sorted(table.items())}
 
@@ -85,7 +74,7 @@ def to_entry(inputs: Mapping[str, Any], posterior: Posterior) -> dict[str, Any]:
             "shrunk": [asdict(s) for s in posterior.shrunk],
             "diagnostics": asdict(posterior.diagnostics), "left_out": posterior.left_out,
             "means_only": posterior.means_only, "seconds": round(posterior.seconds, 2),
-            "versions": _versions()}  # fmt: skip
+            "versions": package_versions(("numpyro", "jax", "jaxlib"))}  # fmt: skip
 
 
 def from_entry(entry: Mapping[str, Any]) -> Posterior:
