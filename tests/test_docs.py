@@ -136,3 +136,30 @@ def test_the_help_lists_every_command_and_says_what_each_argument_is():
                        "INDEX_DIR the index's folder"), ("search", "INDEX_DIR an index"),
                        ("search", "IMAGE one or more"), ("compare", "B the method A")]:  # fmt: skip
         assert says in " ".join(COMMANDS[name].format_help().split()), (name, says)
+
+
+def test_one_option_has_one_spelling_and_the_old_spellings_still_work(capsys):
+    from harness.cli import main
+
+    spelled = {
+        name: _long_options(COMMANDS[name]) for name in ("cost", "check", "rerank", "search")
+    }
+    assert {"--method", "--methods"} <= spelled["cost"] and {"--method", "--methods"} <= spelled[
+        "check"
+    ]
+    assert {"--protocol", "--protocols"} <= spelled["rerank"] and "--k" in spelled["search"]
+    assert "--k" in _long_options(COMMANDS["show"])
+    parser = build_parser()
+    for old, new, dest in (("--methods", "--method", "methods"), ("--protocols", "--protocol", "protocols"),
+                           ("-k", "--k", "k")):  # fmt: skip
+        command = {"methods": ["cost"], "protocols": ["rerank", "--results-dir", "r", "--out", "o"],
+                   "k": ["search", "index", "q.jpg"]}[dest]  # fmt: skip
+        value = "3" if dest == "k" else "a"
+        old_args = parser.parse_args([*command, old, value])
+        new_args = build_parser().parse_args([*command, new, value])
+        assert getattr(old_args, dest) == getattr(new_args, dest) == (3 if dest == "k" else "a")
+        with pytest.raises(SystemExit) as stopped:
+            main([*command, old, value, new, value])
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "two spellings of one option" in err[0], err

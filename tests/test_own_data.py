@@ -314,3 +314,39 @@ def test_a_broken_photo_of_ones_own_folder_is_to_be_fixed_or_removed(decoder, tm
             images[files.index(str(root / name))]
         assert str(err.value).endswith("fix or remove the file in your folder (docs/own-data.md)")
         assert "official archive" not in str(err.value)
+
+
+def test_a_model_trained_on_every_class_indexes_and_searches_and_is_no_benchmark(tmp_path, capsys):
+    root = image_folder(tmp_path / "imgs")
+    proto = protocol(tmp_path, "folder")
+    results = tmp_path / "results"
+    args = ["-q", "run", "--protocol", proto, "--method", "contrastive", "--all-classes",
+            "--workers", "0", "--results-dir", str(results), "--data-root", str(root)]  # fmt: skip
+    assert main(args) == 0
+    model = results / "models" / "own" / "contrastive" / "seed0.model.pt"
+    assert model.is_file() and not (results / "runs").exists()  # no result, no leaderboard
+    import torch
+
+    meta = torch.load(model, map_location="cpu", weights_only=True)["meta"]
+    assert meta["provenance"]["test_metric"] is None
+    assert meta["provenance"]["all_classes"]["classes"] == SHAPES  # all 8, not the 4 to train
+    assert meta["provenance"]["all_classes"]["images"] == SHAPES * 4
+    assert "exists (pass --force" in (main(args), capsys.readouterr().out)[1]  # kept, not redone
+    index = tmp_path / "index"
+    assert main(["-q", "index", str(model), "--images", str(root), "--out", str(index)]) == 0
+    query = root / "class6" / "1.png"  # a class a benchmark run would only have tested on
+    capsys.readouterr()
+    assert main(["search", str(index), str(query), "--k", "2", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["queries"][0]["results"]
+    assert found[0]["path"].endswith("class6/1.png") and found[0]["distance"] < 1e-3
+    for command in (
+        ["tune", "--protocol", proto, "--method", "contrastive", "--trials", "2", "--all-classes"],
+        ["leaderboard", "--all-classes"],
+    ):
+        with pytest.raises(SystemExit) as stopped:  # refused while the line is parsed
+            main(command)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--all-classes belongs to `run`" in err[0], err
+    assert main([*args, "--max-steps", "2"]) == 2
+    assert "drop --max-steps" in capsys.readouterr().err

@@ -90,3 +90,23 @@ def add_tracker_options(parser: argparse.ArgumentParser) -> None:
         "any run); default: <results-dir>/tracking/tensorboard "
         "or sqlite:///<results-dir>/tracking/mlflow/mlflow.db",
     )  # fmt: skip
+
+
+class _Spelled(argparse.Action):
+    """Stores the value as `store` does, and refuses one option given under both of its
+    spellings (which one should win is a guess)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        seen = getattr(namespace, f"_spelled_{self.dest}", None)
+        if seen is not None and seen != option_string:
+            parser.error(f"{seen} and {option_string} are two spellings of one option: give "
+                         f"{self.option_strings[0]} once")  # fmt: skip
+        setattr(namespace, f"_spelled_{self.dest}", option_string)
+        setattr(namespace, self.dest, values)
+
+
+def add_aliased(parser: argparse.ArgumentParser, new: str, old: str, **kwargs: object) -> None:
+    """`new`, the spelling every command shares, with `old` still accepted as an alias (the
+    spelling this command had); both in one command line is a one-line error."""
+    kwargs["help"] = f"{kwargs.get('help', '')} ({old}: this command's old spelling)".strip()
+    parser.add_argument(new, old, action=_Spelled, **kwargs)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from harness.cli.argtypes import add_fetch_option, add_plugin_option, positive_int
+from harness.cli.argtypes import add_aliased, add_fetch_option, add_plugin_option, positive_int
 from harness.core import HarnessError, load_methods
 
 
@@ -19,7 +19,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ck = sub.add_parser("check", help="CI regression check of every method's metrics")
     ck.add_argument("--protocol", default="regression",
                     help="protocol name or YAML path (default: regression)")  # fmt: skip
-    ck.add_argument("--methods", help="NAME[,NAME...] (default: every registered method)")
+    add_aliased(
+        ck,
+        "--method",
+        "--methods",
+        dest="methods",
+        help="NAME[,NAME...] (default: every registered method)",
+    )
     ck.add_argument(
         "--baselines", type=Path,
         help="folder of baseline files (default: the clone's results/reference/baselines)",

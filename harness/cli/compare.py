@@ -37,6 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     cmp.add_argument("--max-steps", type=int, help="compare runs capped at this --max-steps "
                      "(default: full runs only)")  # fmt: skip
+    cmp.add_argument("--reference", nargs="?", const="", metavar="DIR",
+                     help="also read the committed reference runs of the same protocol hash "
+                     "from DIR (default: the clone's results/reference): a method you have not "
+                     "run is taken from there, and runs from another machine are compared "
+                     "unpaired")  # fmt: skip
     add_plugin_option(cmp)
     cmp.set_defaults(handler=cmd_compare)
 
@@ -56,6 +61,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     ]
     runs = [r for r in everything if r.training.max_steps == args.max_steps]
     capped = sorted({r.training.max_steps for r in everything} - {None, args.max_steps})
+    if args.reference is not None:
+        return _with_reference(args, protocol, metric, runs)
     values = per_seed(runs, metric)
     for name in (args.a, args.b):
         split = sorted(n for n in values if n.startswith(f"{name}@"))
@@ -117,3 +124,39 @@ def _committed(results_dir: str, protocol: str) -> str:
     if reference is None or not any((reference / "runs" / protocol).glob("*/seed*.json")):
         return ""
     return f", or compare the committed reference's runs with --results-dir {reference}"
+
+
+def _with_reference(args: argparse.Namespace, protocol: Protocol, metric: str,
+                    runs: list) -> int:  # fmt: skip
+    """compare --reference: A and B among your runs and the reference's of the same hash
+    (yours first; a reference row of a name you also ran is `NAME (reference)`)."""
+    from harness.report import describe
+    from harness.report.bayes import protocol_rope
+    from harness.report.beside import committed_reference, matching, rows, versus
+
+    if args.max_steps is not None:
+        raise HarnessError("--reference compares full runs only: drop --max-steps")
+    reference = Path(args.reference) if args.reference else committed_reference()
+    theirs = matching(reference, reference, protocol.name, {protocol.hash})
+    table = rows(runs, theirs, metric)
+    for name in (args.a, args.b):
+        if name not in table:
+            known = sorted(table)
+            raise HarnessError(f"no finished {protocol.name} run of {name!r} under "
+                               f"{args.results_dir} or {reference} (protocol hash "
+                               f"{protocol.hash}){closest(name, known)}; rows: "
+                               f"{', '.join(known) or 'none'}")  # fmt: skip
+    a, b = table[args.a], table[args.b]
+    scale = 1.0 if metric in UNBOUNDED_METRICS else 100.0
+    rope = protocol_rope(protocol.content())
+    print(f"{metric} on {protocol.name} (protocol v{protocol.version}, hash {protocol.hash})")
+    for row in (a, b):
+        mean, half = t_interval(list(row.values.values()))
+        spread = "" if math.isnan(half) else f" ± {half * scale:.2f}"
+        print(f"  {row.name}: {mean * scale:.2f}{spread} ({row.source}, "
+              f"{len(row.values)} seeds, made on {row.described})")  # fmt: skip
+    comparison, probs = versus(a, b, rope, scale)
+    print(f"  {a.name} − {b.name}: {describe(comparison, scale)}")
+    if probs is not None:
+        print(f"  P({a.name} worse · ≈ · better than {b.name}, ROPE ±{rope:g}): {probs.cell()}")
+    return 0

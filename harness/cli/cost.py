@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.cli.argtypes import add_fetch_option, add_plugin_option, positive_int
+from harness.cli.argtypes import add_aliased, add_fetch_option, add_plugin_option, positive_int
 from harness.core import METHODS, HarnessError, load_methods, load_protocol, resolve_device
 from harness.cost import (
     DEFAULT_BATCH_SIZES,
@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cost = sub.add_parser("cost", help="measure how mining and loss cost grow with the batch size")
     which = cost.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="every registered method (default)")
-    which.add_argument("--methods", help="NAME[,NAME...]")
+    add_aliased(which, "--method", "--methods", dest="methods", help="NAME[,NAME...]")
     cost.add_argument("--protocol", default="default", help="protocol name or YAML path")
     cost.add_argument(
         "--batch-sizes",

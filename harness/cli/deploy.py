@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.backbones.engine import ENGINES
-from harness.cli.argtypes import add_kept_plugin_option, positive_int
+from harness.cli.argtypes import add_aliased, add_kept_plugin_option, positive_int
 from harness.core import HarnessError, program_name, resolve_device
 from harness.deploy import (
     FORMATS,
@@ -68,7 +68,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="an index that `index MODEL --images FOLDER --out INDEX_DIR` wrote")  # fmt: skip
     se.add_argument("images", type=Path, nargs="+", metavar="IMAGE",
                     help="one or more query photos (any file PIL decodes)")  # fmt: skip
-    se.add_argument("-k", type=positive_int, default=10, help="results per query (default 10)")
+    add_aliased(
+        se,
+        "--k",
+        "-k",
+        dest="k",
+        type=positive_int,
+        default=10,
+        help="results per query (default 10)",
+    )
     se.add_argument("--model", type=Path, help="the kept model (default: the one the index "
                     "records; it must be the same weights)")  # fmt: skip
     se.add_argument("--json", action="store_true", help="one JSON object on stdout")

@@ -44,6 +44,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lb.add_argument(
         "--results-dir", default="results", help="the results folder (default: results)"
     )
+    lb.add_argument("--reference", nargs="?", const="", metavar="DIR",
+                    help="add, per protocol hash of your runs, one table of your runs and the "
+                    "committed reference runs of that hash from DIR (default: the clone's "
+                    "results/reference), with vs best and P(worse · ≈ · better); no reference "
+                    "run is made again")  # fmt: skip
     lb.set_defaults(handler=cmd_leaderboard)
 
     val = sub.add_parser("validate", help="check protocol files as `run` does before training "
@@ -119,7 +124,12 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
     load_methods()  # the figures group methods by the family their registry entry declares
 
-    print(write_leaderboard(Path(args.results_dir)))
+    from harness.report.beside import committed_reference
+
+    reference = None
+    if args.reference is not None:
+        reference = Path(args.reference) if args.reference else committed_reference()
+    print(write_leaderboard(Path(args.results_dir), reference))
     return 0
 
 

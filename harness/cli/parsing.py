@@ -13,6 +13,9 @@ class Parser(argparse.ArgumentParser):
     """argparse with a one-line error (no usage dump), status 2, like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments") and "--all-classes" in message:
+            message += (": --all-classes belongs to `run` (it keeps a model trained on every "
+                        "class, for use); tune and leaderboard work on benchmark runs")  # fmt: skip
         print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
         sys.exit(2)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.cli.argtypes import add_aliased
 from harness.report.reranked import DEFAULT_RERANKS, write_records, write_table
 
 
@@ -16,7 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(k-reciprocal, aQE+DBA) and write the table")  # fmt: skip
     rr.add_argument("--results-dir", required=True, type=Path,
                     help="where the runs with saved embeddings are (its runs/<protocol>/...)")  # fmt: skip
-    rr.add_argument("--protocols", required=True, help="NAME[,NAME...]")
+    add_aliased(
+        rr, "--protocol", "--protocols", dest="protocols", required=True, help="NAME[,NAME...]"
+    )
     rr.add_argument("--rerank", action="append", metavar="NAME[:k=v,...]",
                     help=f"a re-ranking to compare (repeat; default: {', '.join(DEFAULT_RERANKS)}"
                     " at their papers' parameters)")  # fmt: skip

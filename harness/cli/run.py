@@ -81,15 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="train the backbone through torch.compile (inductor: a C++ compiler on "
                      "the CPU, Triton on CUDA); not part of the hash: rounding differs from eager "
                      "by float-rounding amounts; recorded in each result")  # fmt: skip
-    run.add_argument("--save-embeddings", action="store_true",
-                     help="also write each finished run's test embeddings, labels and "
-                     "query/gallery flags (.npy) beside its result, for `evaluate DIR`; a "
-                     "finished run without them is rerun")  # fmt: skip
-    run.add_argument("--save-model", action="store_true",
-                     help="also keep each finished run's embedding network beside its result "
-                     "(seed<k>.model.pt: the whole network, a frozen trunk included, with its "
-                     "preprocessing and provenance), for `export`, `index` and `search`; a "
-                     "finished run without one is not rerun unless --force")  # fmt: skip
+    _add_keep_options(run)
     run.add_argument("--engine", default="local", choices=["local", "ray"],
                      help="local: one run after another in this process (default); ray: each "
                      "run a Ray task (needs the ray extra)")  # fmt: skip
@@ -105,6 +97,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(handler=cmd_run)
 
 
+def _add_keep_options(run: argparse.ArgumentParser) -> None:
+    """What a run keeps besides its result: test embeddings, its model, or (--all-classes) a
+    model trained on every class instead of a benchmark run."""
+    run.add_argument("--save-embeddings", action="store_true",
+                     help="also write each finished run's test embeddings, labels and "
+                     "query/gallery flags (.npy) beside its result, for `evaluate DIR`; a "
+                     "finished run without them is rerun")  # fmt: skip
+    run.add_argument("--save-model", action="store_true",
+                     help="also keep each finished run's embedding network beside its result "
+                     "(seed<k>.model.pt: the whole network, a frozen trunk included, with its "
+                     "preprocessing and provenance), for `export`, `index` and `search`; a "
+                     "finished run without one is not rerun unless --force")  # fmt: skip
+    run.add_argument("--all-classes", action="store_true",
+                     help="train on every labelled class and keep the model for use (index, "
+                     "search): not a benchmark run, no test metrics, never in the leaderboard; "
+                     "one seed (the protocol's first) unless --seeds")  # fmt: skip
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.report import write_leaderboard
 
@@ -117,6 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.compile and args.address is None:  # runs train on this machine: check it up front
         check_compile(resolve_device(args.device))
     specs = _plan(args)
+    if args.all_classes:
+        return _fit(args, specs)
     here = _join_torchrun(args)
     if args.engine == "ray" and here.active:
         raise HarnessError("--engine ray runs whole runs as tasks; do not launch it with torchrun")
@@ -222,3 +234,24 @@ class Terminated(KeyboardInterrupt):
 def terminate(signum: int, frame: object) -> None:
     """SIGTERM stops a sweep like Ctrl-C: cleanly, resumable."""
     raise Terminated
+
+
+def _fit(args: argparse.Namespace, specs: list[RunSpec]) -> int:
+    """run --all-classes: one kept model per method (and seed), trained on every class."""
+    from harness.sweep.fit import fit_all_classes, fitted_path
+
+    clash = [flag for flag, on in (("--engine ray", args.engine == "ray"), ("--save-embeddings",
+             args.save_embeddings), ("--max-steps", args.max_steps)) if on]  # fmt: skip
+    if clash:
+        raise HarnessError(f"--all-classes keeps a model for use and tests nothing: drop "
+                           f"{', '.join(clash)}")  # fmt: skip
+    if args.seeds is None:
+        specs = [s for s in specs if s.seed == specs[0].seed]
+    for spec in specs:
+        path = fitted_path(args.results_dir, spec.parsed_protocol.name, spec.run_name, spec.seed)
+        if path.is_file() and not args.force:
+            print(f"{spec.method} seed {spec.seed}: {path} exists (pass --force to train it again)")
+            continue
+        print(f"{spec.method} seed {spec.seed}: trained on every class, kept as "
+              f"{fit_all_classes(spec, progress=not args.quiet)}")  # fmt: skip
+    return 0

@@ -20,7 +20,6 @@ from tabulate import tabulate
 from harness.core import (
     UNBOUNDED_METRICS,
     HarnessError,
-    describe_source,
     paper_results,
     program_name,
     t_interval,
@@ -34,6 +33,7 @@ from harness.records import (
     write_text_atomic,
 )
 from harness.report.agreement import agreement_section, protocol_groups
+from harness.report.beside import beside_section, reference_runs
 from harness.report.claims import claims_across_section, claims_section
 from harness.report.cost_tables import cost_section
 from harness.report.equivalence import section as equivalence_section
@@ -43,7 +43,7 @@ from harness.report.glance import glance_section
 from harness.report.posteriors import cache_for
 from harness.report.ranks import protocol_blocks
 from harness.report.reference import reference_section
-from harness.report.trunk import trunk_lines
+from harness.report.trunk import method_sources, trunk_lines
 from harness.report.tuned import tuned_section
 from harness.report.verdicts import (
     against,
@@ -381,7 +381,7 @@ def _protocol_lines(key: tuple[str, int, str, Any], group: list[RunResult]) -> l
         f"Runs: {len(group)}; commits {', '.join(commits)}; devices {', '.join(devices)}; "
         f"finished {dates[0][:10]} to {dates[-1][:10]}; made on {'; '.join(machines)}."
     )
-    return lines + _sources(group)
+    return lines + method_sources(group)
 
 
 def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
@@ -422,19 +422,6 @@ def render(runs: Iterable[RunResult | dict[str, Any]]) -> str:
     for key, group in sorted(_groups(runs).items(), key=str):
         lines += _protocol_lines(key, group)
     return "\n".join(lines) + "\n"
-
-
-def _sources(runs: list[RunResult]) -> list[str]:
-    """Where the methods that are not built in came from (a plugin file and its sha256, a
-    distribution and its version), one line each."""
-    found = {(r.method.name, tuple(sorted(r.method.source.items())))
-             for r in runs if r.method.source}  # fmt: skip
-    lines = []
-    for name, items in sorted(found):
-        source = dict(items)
-        sha = f", sha256 `{source['sha256'][:12]}`" if source.get("sha256") else ""
-        lines.append(f"Not built in: `{name}` from {describe_source(source)}{sha}.")
-    return lines
 
 
 def training_figures(results_dir: Path) -> str:
@@ -526,14 +513,16 @@ def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def write_leaderboard(results_dir: Path) -> Path:
+def write_leaderboard(results_dir: Path, reference: Path | None = None) -> Path:
     """Write results_dir/LEADERBOARD.md from its runs (with the figures, tuning and cost
-    sections, and the comparison with a committed reference inside it); returns its path."""
+    sections, and the comparison with a committed reference inside it; with `reference`,
+    your runs and its runs of the same hashes in one table each); returns its path."""
     runs = load_results(results_dir)
     if not runs:
         raise HarnessError(
             f"no run results under {Path(results_dir) / 'runs'}: run `{program_name()} run` first"
         )
+    beside = beside_section(runs, reference_runs(reference, runs), reference) if reference else ""
     path = Path(results_dir) / "LEADERBOARD.md"
     rendered = render(runs)
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
@@ -541,7 +530,7 @@ def write_leaderboard(results_dir: Path) -> Path:
     text = (head + glance_section(runs, Path(results_dir), posteriors)
             + claims_across_section(protocol_groups(runs)) + sep + tables
             + agreement_section(runs) + equivalence_section(protocol_blocks(runs), posteriors)
-            + reference_section(Path(results_dir), runs)
+            + reference_section(Path(results_dir), runs) + beside
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))
             + cost_section(Path(results_dir)))  # fmt: skip
     write_text_atomic(path, text)  # a unique temporary file: two writers never share one

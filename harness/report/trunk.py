@@ -1,8 +1,10 @@
-"""The one line a leaderboard section gives a protocol whose trunk is frozen and cached
-(protocol `features:`): what never trains, how many views were cached and by what key."""
+"""The provenance lines of a leaderboard section: the one line for a protocol whose trunk is
+frozen and cached (protocol `features:`): what never trains, how many views were cached and by
+what key; and where each method that is not built in came from."""
 
 from __future__ import annotations
 
+from harness.core import describe_source
 from harness.records import RunResult
 
 
@@ -26,3 +28,16 @@ def trunk_lines(group: list[RunResult]) -> list[str]:
         "shallower heads) learn on fixed features.",
         "",
     ]
+
+
+def method_sources(runs: list[RunResult]) -> list[str]:
+    """Where the methods that are not built in came from (a plugin file and its sha256, a
+    distribution and its version), one line each."""
+    found = {(r.method.name, tuple(sorted(r.method.source.items())))
+             for r in runs if r.method.source}  # fmt: skip
+    lines = []
+    for name, items in sorted(found):
+        source = dict(items)
+        sha = f", sha256 `{source['sha256'][:12]}`" if source.get("sha256") else ""
+        lines.append(f"Not built in: `{name}` from {describe_source(source)}{sha}.")
+    return lines

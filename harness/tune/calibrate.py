@@ -16,8 +16,10 @@ seeds or the evaluation (that would change which classes are read or how they ar
 
 The choice: the candidate with the best mean validation MAP@R over the reference methods
 among those whose estimated full sweep (every registered method x the protocol's seeds, and
-the feature cache) fits `sweep_budget_minutes`. The estimate scales the measured time per run
-and the cache's time from the calibration's training images to the protocol's.
+the feature cache) fits `sweep_budget_minutes`. The estimate counts each registered method at
+its own cost, timed by a probe at the candidate's settings (harness.tune.probe: a few steps of
+every method and its evaluation), and scales the measured time per run and the cache's time
+from the calibration's images to the protocol's.
 
 A candidate whose sweep, projected from a finished candidate on the same trunk (time per run
 scales with the budget), would be over the budget is not run: the record says so with the
@@ -38,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from harness.core import (
@@ -56,6 +57,14 @@ from harness.core.paths import PROTOCOL_DIR
 from harness.core.protocol import parse_protocol
 from harness.sweep import check_protocol
 from harness.tune.calibration_table import markdown
+from harness.tune.choice import cache_id as cache_id
+from harness.tune.choice import candidate_id as candidate_id
+from harness.tune.choice import choose as choose
+from harness.tune.choice import estimate_minutes as estimate_minutes
+from harness.tune.choice import next_neighbours as next_neighbours
+from harness.tune.choice import positions as positions
+from harness.tune.choice import projected_minutes as projected_minutes
+from harness.tune.probe import probe_id, probe_methods
 from harness.tune.trial import without_test
 
 log = logging.getLogger(__name__)
@@ -204,15 +213,6 @@ def variant(base: Protocol, calibration: Calibration, candidate: dict[str, Any])
     return parse_protocol(data, f"{base.path} with {candidate}")
 
 
-def candidate_id(candidate: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in candidate.items())
-
-
-def cache_id(candidate: dict[str, Any]) -> str:
-    """The candidate's trunk settings (candidates that share them share a feature cache)."""
-    return ", ".join(f"{k}={v}" for k, v in candidate.items() if k.startswith("features.")) or "-"
-
-
 def record_path(results_dir: str | Path, name: str) -> Path:
     return Path(results_dir) / "calibration" / f"{name}.json"
 
@@ -302,6 +302,8 @@ def calibrate(
     by_id = {candidate_id(c): (c, p) for c, p in zip(candidates, protocols, strict=True)}
     walk = _Walk(record, calibration, sizes, path, len(candidates), device, max_steps,
                  data_root, progress)  # fmt: skip
+    for cid in [c for c in by_id if c in record["runs"]]:  # earlier runs timed first: the
+        walk.step(*by_id[cid], list(by_id).index(cid) + 1)  # walk's choice needs them
     done: set[str] = set()
     while True:
         todo = (candidates if calibration.search == "grid"
@@ -337,12 +339,19 @@ class _Walk:
     progress: bool
 
     def step(self, candidate: dict[str, Any], protocol: Protocol, n: int) -> None:
-        """One candidate: skipped when finished, recorded as over the budget when its
-        projected sweep is, else run."""
+        """One candidate: every method timed at its settings (once per probe key), then
+        skipped when finished, recorded as over the budget when its projected sweep is, else
+        run."""
         record, calibration, cid = self.record, self.calibration, candidate_id(candidate)
         runs = record["runs"].get(cid, {})
         finished = all(m in runs for m in [calibration.zero_shot, *calibration.methods])
-        if finished or cid in record["skipped"]:
+        if cid in record["skipped"]:
+            return
+        ctx = RunContext(protocol, calibration.seed, resolve_device(self.device),
+                         max_steps=self.max_steps, data_root=self.data_root,
+                         progress=self.progress)  # fmt: skip
+        self.probe(ctx, candidate)
+        if finished:
             return
         projected = projected_minutes(record, calibration, candidate, self.sizes)
         if projected is not None and projected[0] > calibration.sweep_budget_minutes:
@@ -354,57 +363,29 @@ class _Walk:
             _write(self.path, record)
             return
         log.info("candidate %d of %d: %s", n, self.total, cid)
-        ctx = RunContext(protocol, calibration.seed, resolve_device(self.device),
-                         max_steps=self.max_steps, data_root=self.data_root,
-                         progress=self.progress)  # fmt: skip
         _run_candidate(ctx, calibration, candidate, record, self.path)
 
-
-def _ordered(values: list[Any]) -> list[Any]:
-    return sorted(values) if all(isinstance(v, (int, float)) for v in values) else list(values)
-
-
-def next_neighbours(record: dict[str, Any], calibration: Calibration,
-                    sizes: dict[str, int]) -> list[dict[str, Any]]:  # fmt: skip
-    """The neighbour search's next candidates: the best finished candidate's neighbours (each
-    setting one step along its sorted values, the others kept) not yet tried; the grid's
-    middle candidate when nothing has finished. Empty when every neighbour of the best is
-    tried (run, or recorded as over the budget): the search has converged."""
-    tried = set(record["runs"]) | set(record.get("skipped", {}))
-    best = choose(record, calibration, sizes)["chosen_settings"]
-    if best is None:
-        middle = {k: _ordered(v)[(len(v) - 1) // 2] for k, v in calibration.grid.items()}
-        finished = [cid for cid, runs in record["runs"].items()
-                    if all(m in runs for m in [calibration.zero_shot, *calibration.methods])]  # fmt: skip
-        return [] if finished else [middle]
-    out = []
-    for key, values in calibration.grid.items():
-        ordered = _ordered(values)
-        at = ordered.index(best[key])
-        for step in (at - 1, at + 1):
-            if 0 <= step < len(ordered):
-                neighbour = {**best, key: ordered[step]}
-                if candidate_id(neighbour) not in tried:
-                    out.append(neighbour)
-    return out
+    def probe(self, ctx: RunContext, candidate: dict[str, Any]) -> None:
+        """Time every registered method at the candidate's settings, once per probe key."""
+        done = self.record.setdefault("probes", {}).setdefault(probe_id(candidate), {})
+        if any(m not in done for m in METHODS.names()):
+            log.info("timing every method at %s", probe_id(candidate))
+            data, split = _prepared(ctx, candidate, self.record)
+            probe_methods(ctx, data, split, done, self.calibration.methods,
+                          lambda: _write(self.path, self.record))  # fmt: skip
+            _write(self.path, self.record)
 
 
 def _run_candidate(ctx: RunContext, calibration: Calibration, candidate: dict[str, Any],
                    record: dict[str, Any], path: Path) -> None:  # fmt: skip
     """Train and score every reference method (and the zero-shot row) on one candidate's
     protocol, on the training and validation classes only; the record written after each."""
-    from harness.data import prepare_data
     from harness.evaluate import selection_score
-    from harness.train import train_model, with_cached_features
+    from harness.train import train_model
 
     protocol, cid = ctx.protocol, candidate_id(candidate)
     runs = record["runs"].setdefault(cid, {})
-    data, split = without_test(prepare_data(protocol, ctx.data_root))
-    started = time.perf_counter()
-    data = with_cached_features(ctx, data, split)  # built once per trunk, then loaded
-    key = cache_id(candidate)
-    record["caches"][key] = max(record["caches"].get(key, 0.0),
-                                round(time.perf_counter() - started, 2))  # fmt: skip
+    data, split = _prepared(ctx, candidate, record)
     for method in [calibration.zero_shot, *calibration.methods]:
         if method in runs:
             continue
@@ -426,6 +407,21 @@ def _run_candidate(ctx: RunContext, calibration: Calibration, candidate: dict[st
         _write(path, record)
 
 
+def _prepared(ctx: RunContext, candidate: dict[str, Any], record: dict[str, Any]) -> Any:
+    """The candidate's training and validation classes on its cached features (built once per
+    trunk, then loaded), the cache's seconds recorded (the longest: the one that built it)."""
+    from harness.data import prepare_data
+    from harness.train import with_cached_features
+
+    data, split = without_test(prepare_data(ctx.protocol, ctx.data_root))
+    started = time.perf_counter()
+    data = with_cached_features(ctx, data, split)
+    key = cache_id(candidate)
+    record["caches"][key] = max(record["caches"].get(key, 0.0),
+                                round(time.perf_counter() - started, 2))  # fmt: skip
+    return data, split
+
+
 def _sizes(base: Protocol, calibrating: Protocol, data_root: str | None) -> dict[str, int]:
     """Training and total images of the protocol and of the calibration's data."""
     from harness.data import prepare_data
@@ -436,104 +432,3 @@ def _sizes(base: Protocol, calibrating: Protocol, data_root: str | None) -> dict
             "calibration_train": len(cal.train),
             "calibration_images": len(cal.train) + len(cal.validation),
             "seeds": len(base.seeds), "methods": len(METHODS.names())}  # fmt: skip
-
-
-def _budget(candidate: dict[str, Any]) -> tuple[str, float] | None:
-    for key in ("budget.epochs", "budget.steps"):
-        if key in candidate:
-            return key, float(candidate[key])
-    return None
-
-
-def projected_minutes(record: dict[str, Any], calibration: Calibration,
-                      candidate: dict[str, Any], sizes: dict[str, int]) -> tuple[float, str] | None:  # fmt: skip
-    """A candidate's full sweep projected from a finished candidate on the same trunk and
-    budget unit (time per run scales with the budget), before anything of it runs: a
-    candidate far over the budget is not run. None when no such candidate has finished."""
-    mine = _budget(candidate)
-    if mine is None:
-        return None
-    for other in calibration.candidates():
-        cid, theirs = candidate_id(other), _budget(other)
-        runs = record["runs"].get(cid, {})
-        if (cache_id(other) != cache_id(candidate) or theirs is None or theirs[0] != mine[0]
-                or not all(m in runs for m in [calibration.zero_shot, *calibration.methods])):  # fmt: skip
-            continue
-        scaled = {m: {**r, "seconds": r["seconds"] * mine[1] / theirs[1]} for m, r in runs.items()}
-        views = int(candidate.get("features.train_views", 1) or 1)
-        return estimate_minutes(scaled, record["caches"].get(cache_id(candidate), 0.0), views,
-                                sizes, calibration.zero_shot), cid  # fmt: skip
-    return None
-
-
-def estimate_minutes(runs: dict[str, Any], cache_seconds: float, views: int,
-                     sizes: dict[str, int], zero_shot: str) -> float:  # fmt: skip
-    """A full sweep's minutes: every method x seed at the reference methods' mean time per
-    run (scaled to the protocol's training images), and the cache (scaled to its rows)."""
-    trained = [r["seconds"] for m, r in runs.items() if m != zero_shot]
-    per_run = float(np.mean(trained)) * sizes["train"] / max(1, sizes["calibration_train"])
-    rows = sizes["train"] * views + sizes["images"]
-    cal_rows = sizes["calibration_train"] * views + sizes["calibration_images"]
-    cache = cache_seconds * rows / max(1, cal_rows)
-    return (per_run * sizes["methods"] * sizes["seeds"] + cache) / 60
-
-
-def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, int]) -> dict:
-    """Each candidate's mean reference MAP@R, gain over zero-shot and estimated sweep time;
-    the best that fits the budget is the choice."""
-    rows = []
-    for cid, runs in record["runs"].items():
-        if not all(m in runs for m in [calibration.zero_shot, *calibration.methods]):
-            continue
-        candidate = next(c for c in calibration.candidates() if candidate_id(c) == cid)
-        views = int(candidate.get("features.train_views", 1) or 1)
-        frozen = cache_id(candidate)
-        mean = float(np.mean([runs[m]["map@r"] for m in calibration.methods]))
-        rows.append({"candidate": cid, "mean_map@r": round(mean, 6),
-                     "gain_over_zero_shot": round(mean - runs[calibration.zero_shot]["map@r"], 6),
-                     "sweep_minutes": round(estimate_minutes(runs, record["caches"].get(frozen, 0.0),
-                                                             views, sizes, calibration.zero_shot), 1)})  # fmt: skip
-    fitting = [r for r in rows if r["sweep_minutes"] <= calibration.sweep_budget_minutes]
-    best = max(fitting, key=lambda r: r["mean_map@r"]) if fitting else None
-    settings = next((c for c in calibration.candidates()
-                     if best and candidate_id(c) == best["candidate"]), None)  # fmt: skip
-    return {"candidates": sorted(rows, key=lambda r: -r["mean_map@r"]), "sizes": sizes,
-            "chosen": best["candidate"] if best else None, "chosen_settings": settings,
-            "learns": bool(best and best["gain_over_zero_shot"] > 0),
-            "positions": positions(record, calibration, settings, rows) if settings else {}}  # fmt: skip
-
-
-def positions(record: dict[str, Any], calibration: Calibration, chosen: dict[str, Any],
-              rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """For each setting of the choice: whether a candidate that differs in that setting alone
-    was tried on each side of the chosen value (`interior`; a neighbour run and found over
-    the budget, or not run for it, counts as tried), and, at an edge, the limit that explains
-    it: the calibration's own (`limits`), or, for a longer training budget, the sweep budget
-    when twice the chosen budget would be over it (time per run scales with the budget)."""
-    over = {r["candidate"] for r in rows if r["sweep_minutes"] > calibration.sweep_budget_minutes}
-    tried = {r["candidate"] for r in rows} | over | set(record.get("skipped", {}))
-    minutes = {r["candidate"]: r["sweep_minutes"] for r in rows}[candidate_id(chosen)]
-    out = {}
-    for key, values in calibration.grid.items():
-        value = chosen[key]
-        ordered = _ordered(values)
-        at = ordered.index(value)
-        sides = {}
-        for side, neighbours in (("below", ordered[:at][::-1]), ("above", ordered[at + 1 :])):
-            sides[side] = next((v for v in neighbours
-                                if candidate_id({**chosen, key: v}) in tried), None)  # fmt: skip
-        limit = calibration.limits.get(key)
-        if len(values) == 1:
-            where = "fixed"
-        elif sides["below"] is not None and sides["above"] is not None:
-            where, limit = "interior", None
-        else:
-            where = "edge"
-            budget = calibration.sweep_budget_minutes
-            if (limit is None and key in ("budget.epochs", "budget.steps")
-                    and sides["above"] is None and 2 * minutes > budget):  # fmt: skip
-                limit = (f"the sweep budget: twice {value} would take about {2 * minutes:.0f} "
-                         f"minutes, over {budget:g}")  # fmt: skip
-        out[key] = {"value": value, "position": where, "tried_below": sides["below"],
-                    "tried_above": sides["above"], "limit": limit}  # fmt: skip
-    return out

@@ -35,14 +35,20 @@ def markdown(record: dict[str, Any], calibration: Any) -> str:
         seconds = np.mean([runs[m]["seconds"] for m in calibration.methods])
         cells = [row["candidate"], *[f"{100 * runs[m]['map@r']:.2f}" for m in methods],
                  f"{100 * row['mean_map@r']:.2f}", f"{100 * row['gain_over_zero_shot']:+.2f}",
-                 f"{seconds:.1f}", f"{summary[row['candidate']]['sweep_minutes']:.0f}"]  # fmt: skip
+                 f"{seconds:.1f}", f"{summary[row['candidate']]['sweep_minutes']:.0f}"
+                 + ("" if row.get("methods_timed") else "*")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     for cid, why in record.get("skipped", {}).items():
         cells = [cid, *["not run"] * len(methods), "", "", "",
                  f"{why['projected_sweep_minutes']:.0f} (projected from {why['from']})"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     caches = "; ".join(f"{k}: {v:.0f} s" for k, v in record["caches"].items())
+    if any(not r.get("methods_timed") for r in choice["candidates"]):
+        lines += ["", "\\* every method counted at the reference methods' mean time per run: "
+                  "no probe timed each method at this candidate's settings (records made "
+                  "before probes; `calibrate` again adds them without rerunning a candidate)."]  # fmt: skip
     lines += ["", f"Feature caches of the calibration's images: {caches}.", ""]
+    lines += _probe_table(record, calibration)
     if choice.get("positions"):
         lines += ["Where each chosen value sits in its grid (`interior`: a tried neighbour on "
                   "both sides; `edge`: the limit that stops the grid there, if any):", "",
@@ -60,3 +66,37 @@ def markdown(record: dict[str, Any], calibration: Any) -> str:
             lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _probe_table(record: dict[str, Any], calibration: Any) -> list[str]:
+    """Each registered method's cost at the chosen settings, as the probe timed it, and its
+    estimated seconds per run of the full sweep (what the chosen row's estimate sums)."""
+    from harness.tune.choice import candidate_id
+    from harness.tune.probe import PROBE_STEPS, probe_id, run_seconds
+
+    choice = record["choice"]
+    chosen = choice.get("chosen_settings")
+    probe = record.get("probes", {}).get(probe_id(chosen)) if chosen else None
+    if not probe:
+        return []
+    sizes = choice["sizes"]
+    scale = {"train": sizes["train"] / max(1, sizes["calibration_train"]),
+             "eval": (sizes["images"] - sizes["train"])
+             / max(1, sizes["calibration_images"] - sizes["calibration_train"])}  # fmt: skip
+    each = run_seconds(record["runs"][candidate_id(chosen)], probe, calibration.methods, scale)
+    if each is None:
+        return []
+    lines = [f"Each registered method at the chosen settings ({probe_id(chosen)}), timed over "
+             f"{PROBE_STEPS} training steps on the cached features and one evaluation of the "
+             "validation classes; its seconds per run of the sweep are the reference methods' "
+             "training time x its step time over theirs, plus its evaluation, scaled to the "
+             "protocol's images:", "",
+             "| method | ms a step | evaluation s | est. s a run |", "|---|---|---|---|"]  # fmt: skip
+    for name in sorted(probe, key=lambda n: -each[n]):
+        p = probe[name]
+        why = p.get("not_applicable") or (f"failed: {p['failure']}" if "failure" in p else None)
+        cells = ([name, why, "", "0" if "not_applicable" in p else f"{each[name]:.0f}"] if why
+                 else [name, f"{1000 * p['step_seconds']:.1f}", f"{p['eval_seconds']:.2f}",
+                       f"{each[name]:.0f}"])  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]

@@ -67,7 +67,7 @@ if [ "$DEVICE" = cpu ]; then  # the script's own check: tiny sizes, batches of 8
   SLOWER=4  # a busy CPU's tiny steps can take longer than an H100's real ones: 4x the limits
   CLASSES="40 4 5" WORKERS=1,2 PSTEPS=2 STEPS=4 LONG=6 N60K=3000 C60K=300 DIM=64 BATCHES=8
   SMOKE="--method contrastive,cosface,untrained"
-  COST="--protocol smoke --methods contrastive,cosface --batch-sizes 16 --repeats 1 --steps 2 --rounds 1"
+  COST="--protocol smoke --method contrastive,cosface --batch-sizes 16 --repeats 1 --steps 2 --rounds 1"
   PROTO=$WORK/fair_cub200_cpu.yaml
   $PY -c "import yaml; p = yaml.safe_load(open('protocols/fair_cub200.yaml'))
 p['name'], p['sampler'] = 'fair_cub200_cpu', {'classes_per_batch': 4, 'images_per_class': 2}
@@ -136,7 +136,7 @@ step_pipeline_torch() {
     --json >"$WORK/records/pipeline_torch.json"
 }
 step_overhead() {  # harness.train against the bare loop on staged batches, same precision
-  jpegs && $H cost --protocol "$PROTO" --data-root "$WORK/jpegs" --methods contrastive \
+  jpegs && $H cost --protocol "$PROTO" --data-root "$WORK/jpegs" --method contrastive \
     --batch-sizes "$BATCHES" --steps "$STEPS" --device "$DEVICE" --results-dir "$RES"
 }
 step_long() {  # a real run fed by 16 workers: the data-wait share of its steps

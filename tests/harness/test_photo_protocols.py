@@ -21,7 +21,7 @@ from test_birds import cached, tiny_protocol
 
 from harness.backbones import BACKBONES, FrozenTrunkTail, trunk_outputs
 from harness.cli import main
-from harness.core import HarnessError, load_protocol
+from harness.core import METHODS, HarnessError, load_protocol
 from harness.data import DATASETS, register_dataset, split_classes
 from harness.data import photo_zip as pz
 from harness.train import features
@@ -237,6 +237,10 @@ def test_calibration_reads_only_validation_classes_and_chooses_the_best_within_b
                for r in scores(clean).values())  # fmt: skip
     # the record and its table are written, and a rerun resumes: nothing trains again
     stored = json.loads((tmp_path / "clean/calibration/calibration.json").read_text())
+    # every registered method was timed once (budget and learning rate share one probe)
+    assert list(stored["probes"]) == ["-"] and set(stored["probes"]["-"]) == set(METHODS.names())
+    assert stored["probes"]["-"]["quadruplet_method1"] == {"not_applicable": "needs coarse labels"}
+    assert stored["probes"]["-"]["contrastive"]["step_seconds"] > 0
     assert stored["choice"] == json.loads(json.dumps(clean["choice"]))
     assert "| candidate |" in (tmp_path / "clean/calibration/calibration.md").read_text()
     monkeypatch.setattr("harness.train.train_model", lambda *a, **k: pytest.fail("trained again"))
