@@ -72,7 +72,7 @@ def _probe_table(record: dict[str, Any], calibration: Any) -> list[str]:
     """Each registered method's cost at the chosen settings, as the probe timed it, and its
     estimated seconds per run of the full sweep (what the chosen row's estimate sums)."""
     from harness.tune.choice import candidate_id
-    from harness.tune.probe import PROBE_STEPS, probe_id, run_seconds
+    from harness.tune.probe import PROBE_STEPS, probe_id, run_seconds, scales
 
     choice = record["choice"]
     chosen = choice.get("chosen_settings")
@@ -80,17 +80,16 @@ def _probe_table(record: dict[str, Any], calibration: Any) -> list[str]:
     if not probe:
         return []
     sizes = choice["sizes"]
-    scale = {"train": sizes["train"] / max(1, sizes["calibration_train"]),
-             "eval": (sizes["images"] - sizes["train"])
-             / max(1, sizes["calibration_images"] - sizes["calibration_train"])}  # fmt: skip
-    each = run_seconds(record["runs"][candidate_id(chosen)], probe, calibration.methods, scale)
+    each = run_seconds(record["runs"][candidate_id(chosen)], probe, calibration.methods,
+                       scales(sizes))  # fmt: skip
     if each is None:
         return []
     lines = [f"Each registered method at the chosen settings ({probe_id(chosen)}), timed over "
              f"{PROBE_STEPS} training steps on the cached features and one evaluation of the "
              "validation classes; its seconds per run of the sweep are the reference methods' "
              "training time x its step time over theirs, plus its evaluation, scaled to the "
-             "protocol's images:", "",
+             "protocol's images (training: linearly; evaluation: by the square of the test "
+             "images over the validation images):", "",
              "| method | ms a step | evaluation s | est. s a run |", "|---|---|---|---|"]  # fmt: skip
     for name in sorted(probe, key=lambda n: -each[n]):
         p = probe[name]

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.tune.probe import probe_id, run_seconds
+from harness.tune.probe import probe_id, run_seconds, scales
 
 # `calibration` below: harness.tune.calibrate.Calibration (not imported: it imports this)
 Calibration = Any
@@ -93,15 +93,15 @@ def estimate_minutes(runs: dict[str, Any], cache_seconds: float, views: int,
                      methods: list[str] | tuple[str, ...] = ()) -> float:  # fmt: skip
     """A full sweep's minutes: every registered method x seed, and the cache (scaled to its
     rows). With the candidate's probe (harness.tune.probe), each method at its own cost (its
-    training scaled to the protocol's training images, its evaluation to the test images);
+    training scaled to the protocol's training images, its evaluation to the square of its
+    test images: harness.tune.probe.scales);
     a method the probe lacks, and every method without one, at the reference `methods'` mean
     time per run (scaled to the protocol's training images)."""
-    train_scale = sizes["train"] / max(1, sizes["calibration_train"])
-    eval_scale = (sizes["images"] - sizes["train"]) / max(
-        1, sizes["calibration_images"] - sizes["calibration_train"]
+    scale = scales(sizes)
+    mean = (
+        float(np.mean([r["seconds"] for m, r in runs.items() if m != zero_shot])) * scale["train"]
     )
-    mean = float(np.mean([r["seconds"] for m, r in runs.items() if m != zero_shot])) * train_scale
-    each = run_seconds(runs, probe or {}, list(methods), {"train": train_scale, "eval": eval_scale})
+    each = run_seconds(runs, probe or {}, list(methods), scale)
     per_seed = (mean * sizes["methods"] if each is None
                 else sum(each.values()) + mean * max(0, sizes["methods"] - len(each)))  # fmt: skip
     rows = sizes["train"] * views + sizes["images"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.tune import calibrate as cal
-from harness.tune.probe import probe_id, run_seconds
+from harness.tune.probe import probe_id, run_seconds, scales
 
 REFERENCE = ["a", "b"]
 RUNS = {"untrained": {"map@r": 0.3, "seconds": 2.0}, "a": {"map@r": 0.4, "seconds": 10.0},
@@ -38,14 +38,15 @@ def test_each_method_costs_its_step_time_ratio_of_the_reference_training_plus_it
 
 
 def test_the_sweep_estimate_sums_the_probed_methods_and_counts_the_rest_at_the_mean():
-    # the protocol: twice the calibration's training images; three times its validation
-    # images as test images
-    sizes = {"train": 200, "images": 500, "calibration_train": 100, "calibration_images": 200,
+    # the protocol: twice the calibration's training images; test images 1.5 times its
+    # validation images, so 2.25 times the pairs to rank
+    sizes = {"train": 200, "images": 350, "calibration_train": 100, "calibration_images": 200,
              "seeds": 5, "methods": 7}  # fmt: skip
+    assert scales(sizes) == {"train": 2.0, "eval": 2.25}
     minutes = cal.estimate_minutes(RUNS, 60.0, 1, sizes, "untrained", PROBE, REFERENCE)
-    probed = 28 + 28 + 229 + 1.5 + 0 + 28  # as above: train x 2, evaluation x 3
+    probed = 3 * (11 * 2 + 2 * 2.25) + (11 * 10 * 2 + 3 * 2.25) + 0.5 * 2.25 + 0
     missing = 12 * 2  # the seventh method: the reference methods' mean run, x 2
-    cache = 60.0 * (200 + 500) / (100 + 200)
+    cache = 60.0 * (200 + 350) / (100 + 200)
     assert minutes == pytest.approx(((probed + missing) * 5 + cache) / 60)
     # without a probe: every method at the reference mean, as before probes existed
     assert cal.estimate_minutes(RUNS, 60.0, 1, sizes, "untrained") == pytest.approx(
