@@ -96,7 +96,7 @@ def listing(folder_: Path) -> list[str]:
 def test_the_walkthrough_runs_as_written(tmp_path):
     image_folder(tmp_path / "my-images", per_class=6)
     done = run_page(REPO / "docs" / "own-data.md", tmp_path)
-    assert [d.returncode for d in done] == [0] * 6, [d.stderr[-2000:] for d in done]
+    assert [d.returncode for d in done] == [0] * 8, [d.stderr[-2000:] for d in done]
     verify = done[0].stdout.splitlines()
     assert verify[-1] == "OK" and "8 classes, 48 images" in verify[1]
     for method in ("contrastive", "triplet"):
@@ -117,6 +117,12 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     assert hits[0] == "my-images/class0/0.png:" and len(hits) == 6
     assert hits[1].split()[1:] == ["0.0000", "class0/0.png"]  # a catalogue photo finds itself
     assert (tmp_path / "my-search.html").read_text().count("<img ") == 6
+    # then a model trained on all 8 classes, indexed: no benchmark run of it is written
+    everything = json.loads((tmp_path / "my-index-all" / "catalogue.json").read_text())
+    assert everything["count"] == 48
+    assert everything["model"]["weights_sha256"] != kept["weights_sha256"]
+    assert (tmp_path / "my-results" / "models" / "my-protocol" / "contrastive" /
+            "seed0.model.pt").is_file()  # fmt: skip
 
 
 def test_folder_fixed_split_runs_under_official_and_is_refused_without(tmp_path, capsys):

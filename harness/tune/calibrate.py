@@ -63,6 +63,7 @@ from harness.tune.choice import choose as choose
 from harness.tune.choice import estimate_minutes as estimate_minutes
 from harness.tune.choice import next_neighbours as next_neighbours
 from harness.tune.choice import positions as positions
+from harness.tune.choice import probe_of
 from harness.tune.choice import projected_minutes as projected_minutes
 from harness.tune.probe import probe_id, probe_methods
 from harness.tune.trial import without_test
@@ -341,29 +342,43 @@ class _Walk:
     def step(self, candidate: dict[str, Any], protocol: Protocol, n: int) -> None:
         """One candidate: every method timed at its settings (once per probe key), then
         skipped when finished, recorded as over the budget when its projected sweep is, else
-        run."""
+        run. A candidate over the budget with every method counted at the reference methods'
+        cost is not timed: they are the cheap ones, and timing the rest only ever raised an
+        estimate (the widest embeddings' probes cost the most: a learned scorer's evaluation)."""
         record, calibration, cid = self.record, self.calibration, candidate_id(candidate)
         runs = record["runs"].get(cid, {})
         finished = all(m in runs for m in [calibration.zero_shot, *calibration.methods])
-        if cid in record["skipped"]:
+        if cid in record["skipped"] or (not finished and self.over(candidate)):
             return
+        if finished and any(m not in probe_of(record, candidate) for m in METHODS.names()):
+            views = int(candidate.get("features.train_views", 1) or 1)
+            untimed = estimate_minutes(runs, record["caches"].get(cache_id(candidate), 0.0),
+                                       views, self.sizes, calibration.zero_shot)  # fmt: skip
+            if untimed > calibration.sweep_budget_minutes:
+                return
         ctx = RunContext(protocol, calibration.seed, resolve_device(self.device),
                          max_steps=self.max_steps, data_root=self.data_root,
                          progress=self.progress)  # fmt: skip
         self.probe(ctx, candidate)
-        if finished:
-            return
-        projected = projected_minutes(record, calibration, candidate, self.sizes)
-        if projected is not None and projected[0] > calibration.sweep_budget_minutes:
-            record["skipped"][cid] = {"projected_sweep_minutes": round(projected[0], 1),
-                                      "from": projected[1]}  # fmt: skip
-            log.info("%s: not run: its sweep would take about %.0f minutes (projected from "
-                     "%s), over the budget", cid, projected[0], projected[1])  # fmt: skip
-            record["runs"].pop(cid, None)
-            _write(self.path, record)
+        if finished or self.over(candidate):
             return
         log.info("candidate %d of %d: %s", n, self.total, cid)
         _run_candidate(ctx, calibration, candidate, record, self.path)
+
+    def over(self, candidate: dict[str, Any]) -> bool:
+        """Whether the candidate's sweep, projected from a finished one, is over the budget;
+        then it is recorded as not run."""
+        record, cid = self.record, candidate_id(candidate)
+        projected = projected_minutes(record, self.calibration, candidate, self.sizes)
+        if projected is None or projected[0] <= self.calibration.sweep_budget_minutes:
+            return False
+        record["skipped"][cid] = {"projected_sweep_minutes": round(projected[0], 1),
+                                  "from": projected[1]}  # fmt: skip
+        log.info("%s: not run: its sweep would take about %.0f minutes (projected from %s), "
+                 "over the budget", cid, projected[0], projected[1])  # fmt: skip
+        record["runs"].pop(cid, None)
+        _write(self.path, record)
+        return True
 
     def probe(self, ctx: RunContext, candidate: dict[str, Any]) -> None:
         """Time every registered method at the candidate's settings, once per probe key."""

@@ -45,8 +45,9 @@ def markdown(record: dict[str, Any], calibration: Any) -> str:
     caches = "; ".join(f"{k}: {v:.0f} s" for k, v in record["caches"].items())
     if any(not r.get("methods_timed") for r in choice["candidates"]):
         lines += ["", "\\* every method counted at the reference methods' mean time per run: "
-                  "no probe timed each method at this candidate's settings (records made "
-                  "before probes; `calibrate` again adds them without rerunning a candidate)."]  # fmt: skip
+                  "no probe timed each method at this candidate's settings, since it is over "
+                  "the budget at that count already (or its record was made before probes: "
+                  "`calibrate` again adds them without rerunning a candidate)."]  # fmt: skip
     lines += ["", f"Feature caches of the calibration's images: {caches}.", ""]
     lines += _probe_table(record, calibration)
     if choice.get("positions"):

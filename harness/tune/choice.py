@@ -80,11 +80,11 @@ def projected_minutes(record: dict[str, Any], calibration: Calibration,
         views = int(candidate.get("features.train_views", 1) or 1)
         return estimate_minutes(scaled, record["caches"].get(cache_id(candidate), 0.0), views,
                                 sizes, calibration.zero_shot,
-                                _probe(record, candidate), calibration.methods), cid  # fmt: skip
+                                probe_of(record, candidate), calibration.methods), cid  # fmt: skip
     return None
 
 
-def _probe(record: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+def probe_of(record: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
     return record.get("probes", {}).get(probe_id(candidate), {})
 
 
@@ -125,8 +125,8 @@ def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, in
                      "gain_over_zero_shot": round(mean - runs[calibration.zero_shot]["map@r"], 6),
                      "sweep_minutes": round(estimate_minutes(
                          runs, record["caches"].get(frozen, 0.0), views, sizes,
-                         calibration.zero_shot, _probe(record, candidate), calibration.methods), 1),
-                     "methods_timed": run_seconds(runs, _probe(record, candidate),
+                         calibration.zero_shot, probe_of(record, candidate), calibration.methods), 1),
+                     "methods_timed": run_seconds(runs, probe_of(record, candidate),
                                                   calibration.methods, _ONE) is not None})  # fmt: skip
     fitting = [r for r in rows if r["sweep_minutes"] <= calibration.sweep_budget_minutes]
     best = max(fitting, key=lambda r: r["mean_map@r"]) if fitting else None

@@ -3,6 +3,7 @@ probe at the candidate's settings (harness.tune.probe), not at the reference met
 
 from __future__ import annotations
 
+import harness.methods  # noqa: F401  (registers the methods)
 import pytest
 
 from harness.tune import calibrate as cal
@@ -82,3 +83,20 @@ def test_a_method_too_costly_at_the_wider_embedding_moves_the_choice_inside_the_
         "sweep_minutes"]  # fmt: skip
     assert all(r["methods_timed"] for r in rows.values())
     assert choice["chosen"] == "embedding_dim=512"
+
+
+def test_a_finished_candidate_over_the_budget_untimed_is_not_probed(tmp_path, monkeypatch):
+    spec = cal.Calibration("c", "p", 0.3, 0, REFERENCE, {"embedding_dim": [512, 8192]}, 90,
+                           zero_shot="untrained")  # fmt: skip
+    sizes = {"train": 100, "images": 200, "calibration_train": 100, "calibration_images": 200,
+             "seeds": 5, "methods": 29}  # fmt: skip
+    slow = {m: {**r, "seconds": 60.0} for m, r in RUNS.items()}  # 60 s x 29 x 5: 145 minutes
+    record = {"runs": {"embedding_dim=512": RUNS, "embedding_dim=8192": slow}, "caches": {},
+              "skipped": {}, "probes": {}}  # fmt: skip
+    probed = []
+    walk = cal._Walk(record, spec, sizes, tmp_path / "c.json", 2, "cpu", None, None, False)
+    monkeypatch.setattr(walk, "probe", lambda ctx, candidate: probed.append(candidate))
+    monkeypatch.setattr(cal, "RunContext", lambda *a, **k: None)
+    walk.step({"embedding_dim": 8192}, None, 2)
+    walk.step({"embedding_dim": 512}, None, 1)
+    assert probed == [{"embedding_dim": 512}]  # 12 s x 29 x 5 = 29 minutes: timed
