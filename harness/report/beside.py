@@ -27,6 +27,7 @@ from tabulate import tabulate
 from harness.core import UNBOUNDED_METRICS, HarnessError, benjamini_hochberg, compare, t_interval
 from harness.records import RunResult, describe, load_results
 from harness.report.bayes import Probs, protocol_rope, seed_probs
+from harness.report.reference import full_budget
 from harness.report.verdicts import ALPHA, main_metric, per_seed, row_names
 
 MINE, THEIRS = "yours", "reference"
@@ -52,7 +53,7 @@ def reference_runs(reference: Path, mine: Iterable[RunResult]) -> list[RunResult
     """The runs of `reference` under the protocol hashes of `mine` (full budgets only). One
     line when the folder holds no results, or holds a protocol of yours under other hashes
     only (another version or an edited file: numbers that are not comparable)."""
-    mine = [r for r in mine if _full(r)]
+    mine = full_budget(mine)
     theirs = _load(reference)
     kept = []
     for name in sorted({r.protocol.name for r in mine}):
@@ -65,7 +66,7 @@ def _load(reference: Path) -> list[RunResult]:
     if not (Path(reference) / "runs").is_dir():
         raise HarnessError(f"--reference {reference}: no runs/ folder there: pass a results "
                            "folder that holds committed runs (default: results/reference)")  # fmt: skip
-    return [r for r in load_results(Path(reference)) if _full(r)]
+    return full_budget(load_results(Path(reference)))
 
 
 def matching(theirs: list[RunResult] | Path, reference: Path, name: str,
@@ -83,10 +84,6 @@ def matching(theirs: list[RunResult] | Path, reference: Path, name: str,
             f"numbers are not comparable; run the shipped {name} protocol unchanged"
         )
     return same
-
-
-def _full(run: RunResult) -> bool:
-    return run.training is None or run.training.max_steps is None
 
 
 def rows(mine: list[RunResult], theirs: list[RunResult], metric: str) -> dict[str, Row]:
@@ -160,8 +157,9 @@ def beside_section(mine: list[RunResult], theirs: list[RunResult], reference: Pa
              "in one table; no reference run was made again. Tests between rows from one "
              "machine fingerprint pair the seeds; between yours and a reference row made on "
              "another machine they are unpaired (Welch), as seed samples of one experiment."]  # fmt: skip
-    for hash_ in sorted({r.protocol.hash for r in mine if _full(r)}):
-        here = [r for r in mine if r.protocol.hash == hash_ and _full(r)]
+    mine = full_budget(mine)
+    for hash_ in sorted({r.protocol.hash for r in mine}):
+        here = [r for r in mine if r.protocol.hash == hash_]
         there = [r for r in theirs if r.protocol.hash == hash_]
         metric = main_metric(here)
         scale = 1.0 if metric in UNBOUNDED_METRICS else 100.0

@@ -43,8 +43,8 @@ def reference_section(results_dir: Path, runs: Iterable[RunResult] | None = None
     ref_dir = reference_dir(results_dir)
     if ref_dir is None or not (ref_dir / "runs").is_dir():
         return ""
-    mine = _full(runs if runs is not None else load_results(results_dir))
-    theirs = _full(load_results(ref_dir))
+    mine = full_budget(runs if runs is not None else load_results(results_dir))
+    theirs = full_budget(load_results(ref_dir))
     common = sorted({r.protocol.name for r in mine} & {r.protocol.name for r in theirs})
     if not common:
         return ""
@@ -57,7 +57,7 @@ def reference_section(results_dir: Path, runs: Iterable[RunResult] | None = None
     return "\n".join(lines) + "\n"
 
 
-def _full(runs: Iterable[RunResult]) -> list[RunResult]:
+def full_budget(runs: Iterable[RunResult]) -> list[RunResult]:
     """The runs of the whole budget (not shortened by --max-steps)."""
     return [r for r in runs if r.training is None or r.training.max_steps is None]
 
