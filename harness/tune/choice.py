@@ -14,8 +14,6 @@ from harness.tune.probe import probe_id, run_seconds, scales
 # `calibration` below: harness.tune.calibrate.Calibration (not imported: it imports this)
 Calibration = Any
 
-_ONE = {"train": 1.0, "eval": 1.0}
-
 
 def candidate_id(candidate: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in candidate.items())
@@ -88,6 +86,12 @@ def probe_of(record: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any
     return record.get("probes", {}).get(probe_id(candidate), {})
 
 
+def all_timed(probe: dict[str, Any], methods: list[str] | tuple[str, ...]) -> bool:
+    """Whether the probe timed a step of every reference method: only then does the estimate
+    count each method at its own cost (run_seconds is None otherwise)."""
+    return bool(methods) and all("step_seconds" in probe.get(m, {}) for m in methods)
+
+
 def estimate_minutes(runs: dict[str, Any], cache_seconds: float, views: int,
                      sizes: dict[str, int], zero_shot: str, probe: dict[str, Any] | None = None,
                      methods: list[str] | tuple[str, ...] = ()) -> float:  # fmt: skip
@@ -126,8 +130,8 @@ def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, in
                      "sweep_minutes": round(estimate_minutes(
                          runs, record["caches"].get(frozen, 0.0), views, sizes,
                          calibration.zero_shot, probe_of(record, candidate), calibration.methods), 1),
-                     "methods_timed": run_seconds(runs, probe_of(record, candidate),
-                                                  calibration.methods, _ONE) is not None})  # fmt: skip
+                     "methods_timed": all_timed(probe_of(record, candidate),
+                                               calibration.methods)})  # fmt: skip
     fitting = [r for r in rows if r["sweep_minutes"] <= calibration.sweep_budget_minutes]
     best = max(fitting, key=lambda r: r["mean_map@r"]) if fitting else None
     settings = next((c for c in calibration.candidates()
