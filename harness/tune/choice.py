@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.tune.probe import probe_id, run_seconds, scales
+from harness.tune.probe import all_timed, probe_id, run_seconds, scales
 
 # `calibration` below: harness.tune.calibrate.Calibration (not imported: it imports this)
 Calibration = Any
@@ -84,12 +84,6 @@ def projected_minutes(record: dict[str, Any], calibration: Calibration,
 
 def probe_of(record: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
     return record.get("probes", {}).get(probe_id(candidate), {})
-
-
-def all_timed(probe: dict[str, Any], methods: list[str] | tuple[str, ...]) -> bool:
-    """Whether the probe timed a step of every reference method: only then does the estimate
-    count each method at its own cost (run_seconds is None otherwise)."""
-    return bool(methods) and all("step_seconds" in probe.get(m, {}) for m in methods)
 
 
 def estimate_minutes(runs: dict[str, Any], cache_seconds: float, views: int,
