@@ -43,11 +43,11 @@ def test_the_run_times_and_machines_own_loss_quotes_are_the_committed_runs():
     photos = {p: _runs(p) for p in ("cars", "groceries", "birds")}
     assert all(len(runs) == 145 for runs in photos.values())  # 29 methods x 5 seeds
     median = {p: statistics.median(_seconds(r) for r in runs) for p, runs in photos.items()}
-    assert median["cars"] == median["groceries"]
-    assert (f"a median of {median['cars']:.0f} s on 2 CPU cores for cars and groceries, "
-            f"{median['birds']:.0f} s for birds") in text  # fmt: skip
+    assert (f"a median of {median['cars']:.0f} s on 2 CPU cores for cars, "
+            f"{median['groceries']:.0f} s for groceries and {median['birds']:.0f} s for birds"
+            in text)  # fmt: skip
     total = [sum(_seconds(r) for r in photos[p]) / 60 for p in ("cars", "groceries", "birds")]
-    assert f"would take {total[0]:.0f}, {total[1]:.0f} and {total[2]:.0f} minutes" in text
+    assert f"runs sum to {total[0]:.0f}, {total[1]:.0f} and {total[2]:.0f} minutes" in text
     assert set().union(*(_vendors(r) for r in photos.values())) == {"AuthenticAMD"}
     assert "the committed photo runs were made on an AMD EPYC" in text
 

@@ -21,7 +21,7 @@ from harness.core import METHODS, HarnessError
 from harness.data import Split, decoded_by, on_device, prepare_data
 from harness.deploy.model import write_model
 from harness.sweep.record import _describe_run, new_result
-from harness.sweep.runner import _kept
+from harness.sweep.runner import kept_model
 from harness.sweep.spec import RunSpec, resolve, run_context
 from harness.train import train_model, with_cached_features
 
@@ -55,7 +55,7 @@ def fit_all_classes(spec: RunSpec, progress: bool = True) -> Path:
     log.info("%s seed %d: training on all %d classes (%d images), no test", spec.method,
              spec.seed, len(classes), len(every))  # fmt: skip
     model, _ = train_model(ctx, spec.method, spec.hyperparameters, data, every)
-    kept = _kept(spec, ctx, model, record)
+    kept = kept_model(spec, ctx, model, record)
     kept.meta["provenance"]["test_metric"] = None
     kept.meta["provenance"]["all_classes"] = {
         "benchmark": False, "classes": len(classes), "images": len(every),

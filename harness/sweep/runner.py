@@ -144,13 +144,13 @@ def _train_and_write(
         )
     record_outcome(record, ctx, stats, result)
     saved = _saved(spec, ctx, result, data, split) if spec.save_embeddings else None
-    kept = _kept(spec, ctx, model, record) if spec.save_model else None
+    kept = kept_model(spec, ctx, model, record) if spec.save_model else None
     write(path, record, saved, kept)
     checkpoint.path.unlink(missing_ok=True)
     return "ok"
 
 
-def _kept(spec: RunSpec, ctx: RunContext, model: Model, record: RunResult) -> KeptModel:
+def kept_model(spec: RunSpec, ctx: RunContext, model: Model, record: RunResult) -> KeptModel:
     """The network `--save-model` keeps (harness.deploy.model): the whole backbone and the
     head, with the method, its context and the run's provenance."""
     protocol = ctx.protocol

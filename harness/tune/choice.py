@@ -9,12 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.tune.probe import probe_id, run_seconds, scales
+from harness.tune.probe import all_timed, probe_id, run_seconds, scales
 
 # `calibration` below: harness.tune.calibrate.Calibration (not imported: it imports this)
 Calibration = Any
-
-_ONE = {"train": 1.0, "eval": 1.0}
 
 
 def candidate_id(candidate: dict[str, Any]) -> str:
@@ -126,8 +124,8 @@ def choose(record: dict[str, Any], calibration: Calibration, sizes: dict[str, in
                      "sweep_minutes": round(estimate_minutes(
                          runs, record["caches"].get(frozen, 0.0), views, sizes,
                          calibration.zero_shot, probe_of(record, candidate), calibration.methods), 1),
-                     "methods_timed": run_seconds(runs, probe_of(record, candidate),
-                                                  calibration.methods, _ONE) is not None})  # fmt: skip
+                     "methods_timed": all_timed(probe_of(record, candidate),
+                                               calibration.methods)})  # fmt: skip
     fitting = [r for r in rows if r["sweep_minutes"] <= calibration.sweep_budget_minutes]
     best = max(fitting, key=lambda r: r["mean_map@r"]) if fitting else None
     settings = next((c for c in calibration.candidates()

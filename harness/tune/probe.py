@@ -80,6 +80,12 @@ def probe_methods(ctx: RunContext, data: Any, split: Any, probe: dict[str, Any],
             written()
 
 
+def all_timed(probe: dict[str, Any], methods: list[str] | tuple[str, ...]) -> bool:
+    """Whether the probe timed a step of every reference method: only then is each method
+    counted at its own cost (run_seconds is None otherwise)."""
+    return bool(methods) and all("step_seconds" in probe.get(m, {}) for m in methods)
+
+
 def run_seconds(runs: dict[str, Any], probe: dict[str, Any], methods: list[str],
                 scale: dict[str, float]) -> dict[str, float] | None:  # fmt: skip
     """Each probed method's seconds per run of the full sweep: the reference `methods`'
@@ -88,9 +94,9 @@ def run_seconds(runs: dict[str, Any], probe: dict[str, Any], methods: list[str],
     scale["eval"]. A method whose probe failed counts at the reference methods' mean, one the
     protocol cannot run (coarse labels it lacks) at 0. None when
     a reference method is not probed (nothing to compare with)."""
-    timed = [m for m in methods if "step_seconds" in probe.get(m, {})]
-    if not timed or len(timed) < len(methods):
+    if not all_timed(probe, methods):
         return None
+    timed = list(methods)
     train = float(np.mean([max(0.0, runs[m]["seconds"] - probe[m]["select_seconds"])
                            for m in timed]))  # fmt: skip
     step = float(np.mean([probe[m]["step_seconds"] for m in timed]))

@@ -259,7 +259,7 @@ def test_the_leaderboard_figure_and_readme_quote_one_computation(committed):
 
 
 def test_compare_prints_the_probabilities_at_the_protocols_rope(committed, capsys):
-    """`compare` on committed cars: margin is significantly above contrastive (p = 0.013)
+    """`compare` on committed cars: margin is significantly above contrastive (p = 0.037)
     and practically equivalent to it (the gap is under a point)."""
     from harness.cli import main
 
@@ -272,4 +272,4 @@ def test_compare_prints_the_probabilities_at_the_protocols_rope(committed, capsy
     p = seed_probs(a, b, 1.0)
     assert p.verdict() == "equivalent"
     assert f"P(margin worse · ≈ · better than contrastive, ROPE ±1): {p.cell()} " in out
-    assert "(paired t test, n = 5), p = 0.0129" in out
+    assert "(paired t test, n = 5), p = 0.0371" in out

@@ -217,13 +217,18 @@ def test_calibration_reads_only_validation_classes_and_chooses_the_best_within_b
         for i in range(4):
             pixels = (rng.random((72, 72, 3)) * 60 + c * 20).astype(np.uint8)
             Image.fromarray(pixels).save(tmp_path / "data" / f"class{c}" / f"{i}.png")
-    calibration = calibration_file(tmp_path, protocol_file)
+    # a budget no timing can exceed: both grid candidates run however loaded the machine is
+    # (a 6-step probe's time per step is noisy under load, and the budget rule is tested on
+    # hand-made records below), so the two records differ only if the test classes count
+    calibration = calibration_file(tmp_path, protocol_file, sweep_budget_minutes=10**6)
     clean = cal.calibrate(str(calibration), tmp_path / "clean", str(tmp_path / "data"), "cpu")
     poisoned_folder("poisoned_folder_for_calibration")
     poisoned = tmp_path / "poisoned.yaml"
     poisoned.write_text(protocol_file.read_text().replace(
         "{name: folder, params: {}}", "{name: poisoned_folder_for_calibration, params: {}}"))  # fmt: skip
-    other = calibration_file(tmp_path, poisoned, name="calibration_poisoned")
+    other = calibration_file(
+        tmp_path, poisoned, name="calibration_poisoned", sweep_budget_minutes=10**6
+    )
     dirty = cal.calibrate(str(other), tmp_path / "dirty", str(tmp_path / "data"), "cpu")
 
     def scores(record):
@@ -247,8 +252,12 @@ def test_calibration_reads_only_validation_classes_and_chooses_the_best_within_b
     again = cal.calibrate(str(calibration), tmp_path / "clean", str(tmp_path / "data"), "cpu")
     assert scores(again) == scores(clean)
     # a grid widened with other values keeps its finished candidates: only the new ones train
-    wider = calibration_file(tmp_path, protocol_file, grid={"budget.steps": [1, 3],
-                                                            "optimizer.lr": [0.001, 0.01]})  # fmt: skip
+    wider = calibration_file(
+        tmp_path,
+        protocol_file,
+        sweep_budget_minutes=10**6,
+        grid={"budget.steps": [1, 3], "optimizer.lr": [0.001, 0.01]},
+    )
     trained = []
     monkeypatch.setattr("harness.train.train_model",
                         lambda ctx, *a, **k: trained.append(ctx.protocol.optimizer.lr) or
