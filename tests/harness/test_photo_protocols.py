@@ -406,7 +406,7 @@ def test_a_candidate_is_projected_from_a_finished_one_on_the_same_trunk():
 @pytest.mark.parametrize(
     "name, calibration, base, version",
     [("cars", "cars_v2", "cars", 1), ("groceries", "groceries_v2", "groceries", 1),
-     ("birds", "birds", "birds", 2), ("photos", "cars_v2", "cars", 1)],
+     ("birds", "birds_v3", "birds", 2), ("photos", "cars_v2", "cars", 1)],
 )  # fmt: skip
 def test_each_committed_protocol_holds_its_calibrations_choice(name, calibration, base, version):
     record = json.loads(
