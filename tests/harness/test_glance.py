@@ -210,8 +210,8 @@ def test_protocols_sharing_too_few_methods_get_no_tau_and_no_scipy_warning():
 def test_the_committed_blocks_and_taus_are_the_agreement_tables(committed):
     runs = [r for g in committed.values() for r in g]
     blocks = protocol_blocks(runs)
-    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", "birds",
-                                        "cars", "groceries"]  # fmt: skip
+    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", "cars",
+                                        "groceries", "birds"]  # fmt: skip
     assert [b.setting for b in blocks] == [SCRATCH] * 3 + [PRETRAINED] * 3
     plain = {r["protocols"].split(" (")[0] + "|" + r["protocols"].split(" vs ")[1].split(" (")[0]:
              r["Kendall's tau"] for r in agreement_rows(protocol_groups(runs))}  # fmt: skip
