@@ -6,7 +6,7 @@ with DBA, at their papers' parameters), one small JSON record per run: the numbe
 re-rankings' seconds, the saved embeddings' sha256 and where they came from
 (<out>/<protocol>/<method>/reranked-seed<k>.json). Without
 re-ranking the metrics are computed again from the embeddings and must equal those the run
-recorded (`matches_run`): the table's plain column is the leaderboard's.
+recorded, up to float rounding (`matches_run`): the table's plain column is the leaderboard's.
 
 The table is generated from the records (RERANKING.md beside them), never edited by hand:
 per protocol, each method's MAP@R and recall@1 as mean ± 95 % t-interval over seeds, each
@@ -17,6 +17,7 @@ t-test's p), the best method under each ranking, and the cost.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,19 @@ PLAIN = "none"
 TABLE = "RERANKING.md"
 
 
+def metrics_match(plain: dict[str, float], recorded: dict[str, Any]) -> bool:
+    """Whether the recomputed plain metrics are the run's, up to float rounding.
+
+    Recomputed from the saved float32 embeddings, a sum over the queries can land one unit in
+    the last place away from the run's own (seen once in 90 runs); anything larger means the
+    embeddings are not the run's."""
+    return all(
+        isinstance(recorded.get(m), (int, float))
+        and math.isclose(plain[m], recorded[m], rel_tol=1e-9, abs_tol=1e-12)
+        for m in METRICS
+    )
+
+
 def score_run(result: Path, reranks: list[str]) -> dict[str, Any]:
     """One run's record: its metrics without and with each re-ranking."""
     record = read_result(result)
@@ -53,7 +67,7 @@ def score_run(result: Path, reranks: list[str]) -> dict[str, Any]:
         metrics[spec.text], seconds[spec.text] = reranked_metrics(
             emb, labels, rerank=spec, recall_ks=[1], metrics=list(METRICS)
         )
-    matches = all(plain[m] == (record.metrics or {}).get(m) for m in METRICS)
+    matches = metrics_match(plain, record.metrics or {})
     return {
         "protocol": {"name": record.protocol.name, "version": record.protocol.version,
                      "hash": record.protocol.hash},

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.reranked import TABLE, protocol_table, read_records, write_table
+from harness.report.reranked import (
+    METRICS,
+    TABLE,
+    metrics_match,
+    protocol_table,
+    read_records,
+    write_table,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "results" / "reference" / "reranking"
@@ -57,3 +64,11 @@ def test_the_committed_table_is_made_from_its_records(tmp_path):
     records = read_records(COMMITTED)
     assert records and all(r["matches_run"] for r in records)  # `none` is the leaderboard's
     assert {r["protocol"]["name"] for r in records} == {"birds", "cars", "groceries"}
+
+
+def test_the_plain_metrics_match_the_run_up_to_float_rounding_only():
+    recorded = {m: 0.13154647870755745 for m in METRICS}
+    one_ulp = {m: 0.1315464787075574 for m in METRICS}  # a sum landing one unit lower
+    assert metrics_match(one_ulp, recorded)
+    assert not metrics_match({**one_ulp, "map@r": 0.1315465}, recorded)  # other embeddings
+    assert not metrics_match(one_ulp, {m: v for m, v in recorded.items() if m != "map@r"})
