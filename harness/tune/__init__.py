@@ -12,7 +12,15 @@ from harness.tune.study import (
     tune,
     tune_method,
 )
-from harness.tune.trial import PRUNER, Trainer, class_folds, objective, run_trial, suggest
+from harness.tune.trial import (
+    PRUNER,
+    Trainer,
+    class_folds,
+    objective,
+    pruner_settings,
+    run_trial,
+    suggest,
+)
 
 __all__ = [
     "OVERLAY_SCHEMA",
@@ -24,6 +32,7 @@ __all__ = [
     "needs_validation",
     "objective",
     "open_study",
+    "pruner_settings",
     "run_trial",
     "study_figure",
     "suggest",

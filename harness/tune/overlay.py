@@ -14,7 +14,7 @@ import yaml
 from harness.core import HarnessError, MethodSpec, Protocol
 from harness.sweep import overlay_path
 from harness.tune.options import TuneOptions
-from harness.tune.trial import PRUNER
+from harness.tune.trial import pruner_settings
 
 OVERLAY_SCHEMA = 1
 
@@ -61,7 +61,7 @@ def write_overlay(
                if protocol.hash != runs_under.hash else {}),
             "objective": f"{protocol.evaluation.select_by} on validation classes (best epoch"
                          f"{', mean over folds' if folds > 1 else ''})",
-            "sampler": "TPE (seeded)", "pruner": f"median {PRUNER}", "searched": sorted(best.params),
+            "sampler": "TPE (seeded)", "pruner": f"median {pruner_settings(protocol)}", "searched": sorted(best.params),
             "trials": sum(t.state in (COMPLETE, PRUNED) for t in states),
             "complete": len(complete),
             "pruned": sum(t.state == PRUNED for t in states),

@@ -10,7 +10,7 @@ is never embedded.
 - Sampler: TPE, seeded (seed + the number of trials so far, so that a resumed study does not
   propose its first trials again); the first trial of a new study is the paper default.
 - Pruner: median (a trial whose validation so far is below the median of earlier trials at
-  the same epoch stops), recorded with the study.
+  the same epoch stops, from half its epochs on), recorded with the study.
 - Storage: an Optuna RDB (SQLite under <results-dir>/tuning/ by default), so an interrupted
   study resumes, and workers sharing a storage URL share a study; a study ends with exactly
   N finished (complete or pruned) trials. A training failure is a finished trial scored 0.
@@ -43,7 +43,7 @@ from harness.sweep import check_protocol, import_ray, tuning_dir
 from harness.tune.options import TuneOptions
 from harness.tune.overlay import write_overlay
 from harness.tune.ray import optimize_on_ray
-from harness.tune.trial import PRUNER, Trainer, objective, suggest
+from harness.tune.trial import Trainer, objective, pruner_settings, suggest
 
 DEFAULT = TuneOptions()
 
@@ -173,7 +173,7 @@ def open_study(protocol: Protocol, spec: MethodSpec, options: TuneOptions) -> An
         name += f"/max_steps{max_steps}"
     study = optuna.create_study(
         study_name=name, storage=storage, load_if_exists=True, direction="maximize",
-        pruner=optuna.pruners.MedianPruner(**PRUNER),
+        pruner=optuna.pruners.MedianPruner(**pruner_settings(protocol)),
     )  # fmt: skip
     # seeded, and seeded anew on a resume (a sampler restarted with the first seed would
     # propose the trials it already proposed again)

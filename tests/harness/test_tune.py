@@ -15,7 +15,7 @@ import harness.tune.study
 from harness.cli import main
 from harness.core import PROTOCOL_DIR, load_protocol
 from harness.data import prepare_data
-from harness.tune import class_folds
+from harness.tune import class_folds, pruner_settings
 
 
 @pytest.fixture
@@ -170,3 +170,28 @@ def test_tune_with_folds_averages_over_them(learning_val, tmp_path, monkeypatch)
     )
     assert overlay["study"]["folds"] == 2 and "mean over folds" in overlay["study"]["objective"]
     assert torch.get_num_threads() >= 1
+
+
+@pytest.mark.parametrize(("name", "warmup"), [("tuning", 3), ("cars", 15), ("birds", 3)])
+def test_a_trial_is_not_pruned_before_half_its_epochs(name, warmup):
+    import optuna
+
+    protocol = load_protocol(name)
+    settings = pruner_settings(protocol)
+    assert settings == {"n_startup_trials": 3, "n_warmup_steps": warmup}
+    epochs = protocol.budget.epochs
+    assert warmup == max(3, epochs // 2)
+    study = optuna.create_study(direction="maximize",
+                                pruner=optuna.pruners.MedianPruner(**settings))  # fmt: skip
+    for _ in range(3):  # three good trials, reported every epoch
+        trial = study.ask()
+        for epoch in range(1, epochs + 1):
+            trial.report(0.5, epoch)
+        study.tell(trial, 0.5)
+    slow = study.ask()  # a slow starter, far below the median from its first epoch
+    verdicts = []
+    for epoch in range(1, epochs + 1):
+        slow.report(0.1, epoch)
+        verdicts.append(slow.should_prune())
+    # kept until the warm-up's last epoch (optuna prunes from step n_warmup_steps on), then stopped
+    assert verdicts == [False] * (warmup - 1) + [True] * (epochs - warmup + 1)
