@@ -175,7 +175,8 @@ def test_bad_cub100_input_is_one_line_and_nothing_is_written(tmp_path, capsys):
 
 
 def tiny_protocol(tmp_path: Path, views: int = 2, frozen: int = 6, base: str = "birds") -> Path:
-    """Six classes of four coloured photos, and a copy of protocol `base` over them."""
+    """Six classes of four coloured photos, and a copy of protocol `base` over them, its trunk
+    on torch (test_engine adds the onnxruntime engine where it is what a test is about)."""
     rng = np.random.default_rng(0)
     for c in range(6):
         (tmp_path / "data" / f"class{c}").mkdir(parents=True, exist_ok=True)
@@ -190,6 +191,7 @@ def tiny_protocol(tmp_path: Path, views: int = 2, frozen: int = 6, base: str = "
             .replace("train_views: 4", f"train_views: {views}")
             .replace("classes_per_batch: 16", "classes_per_batch: 2"))  # fmt: skip
     text = re.sub(r"frozen_stages: \d+", f"frozen_stages: {frozen}", text)
+    text = re.sub(r", engine: \w+\}", "}", text)  # the trunk on torch (the default engine)
     text = re.sub(r"budget: \{epochs: \d+\}", "budget: {steps: 2}", text)
     path = tmp_path / f"tiny{base}{views}-{frozen}.yaml"
     path.write_text(text)
@@ -385,7 +387,8 @@ def test_bad_features_sections_name_the_key(features, message):
 
 def test_the_features_section_is_in_the_hash_and_absent_at_its_default():
     birds = load_protocol("birds")
-    assert birds.content()["features"] == {"frozen_stages": 8, "train_views": 4, "view_seed": 0}
+    assert birds.content()["features"] == {"frozen_stages": 8, "train_views": 4, "view_seed": 0,
+                                           "engine": "onnxruntime"}  # fmt: skip
     assert "features" not in load_protocol("default").content()
     more_views = dataclasses.replace(birds, features=dataclasses.replace(birds.features,
                                                                           train_views=5))  # fmt: skip
