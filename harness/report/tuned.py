@@ -14,13 +14,24 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 
 import pandas as pd
 from tabulate import tabulate
 
 from harness.core import METHODS, benjamini_hochberg, compare, load_methods, t_interval
 from harness.records import RunResult
-from harness.report.verdicts import ALPHA, against_best, main_metric, per_seed, row_names
+from harness.report.verdicts import (
+    ALPHA,
+    against,
+    against_best,
+    main_metric,
+    per_seed,
+    row_names,
+    untrained_row,
+    zero_shot_label,
+    zero_shot_row,
+)
 
 TUNED = "+tuned"
 
@@ -99,13 +110,34 @@ def flipped_pairs(
     return len(pairs), len(flips), resolved, reversed_
 
 
+def _tuned_verdicts(runs: list[RunResult], tuned: dict[str, dict[int, float]], best: str | None
+                    ) -> dict[str, dict[str, str]]:  # fmt: skip
+    """Column -> row -> cell of the tuned ranking's verdicts beyond `vs best`: P(worse · ≈ ·
+    better) against the best tuned row; under a pretrained backbone, `vs zero-shot` and its
+    P(worse · ≈ · better) (the zero-shot row has nothing to tune: its default runs)."""
+    from harness.report.equivalence import within
+
+    probs = {f"{column.split(', ±')[0]}, tuned, ±{column.split(', ±')[1]}": cells
+             for column, cells in within(tuned, best, runs).items()}  # fmt: skip
+    zero = zero_shot_row(runs)
+    if zero is None or zero not in tuned:
+        return probs
+    out = {c: v for c, v in probs.items() if " vs best," in c}
+    out["vs zero-shot, tuned"] = against(tuned, zero, "zero-shot")
+    out.update({c: v for c, v in probs.items() if " vs best," not in c})
+    return out
+
+
 def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
     """One row per method, best tuned first: tuned and default main metric with their `vs
-    best` marks (each within its own table), how much tuning moved it, and tuned recall@1."""
+    best` marks (each within its own table), how much tuning moved it, tuned recall@1, and
+    the tuned ranking's P(worse · ≈ · better) against its best (and against zero-shot)."""
     metric = main_metric(runs)
     default, tuned, notes = tuned_values(runs, metric)
-    _, tuned_marks = against_best(tuned)
+    best, tuned_marks = against_best(tuned)
     _, default_marks = against_best(default)
+    verdicts = _tuned_verdicts(runs, tuned, best)
+    zero = zero_shot_row(runs)
     recall_default, recall_tuned, _ = tuned_values(runs, "recall@1")
     rows = []
     for name in sorted(tuned, key=lambda n: -_mean(tuned[n])):
@@ -117,13 +149,14 @@ def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
                 moved += f" [{100 * (c.difference - c.half_width):+.1f}, "
                 moved += f"{100 * (c.difference + c.half_width):+.1f}]"
         rows.append({
-            "method": name,
+            "method": zero_shot_label(name) if name == zero else name,
             f"tuned {metric} (%)": _cell(tuned[name]),
             "vs best, tuned": tuned_marks.get(name, "-"),
             "tuning moved it": moved,
             f"paper default {metric} (%)": _cell(default.get(name, {})),
             "vs best, default": default_marks.get(name, "-"),
             "tuned recall@1 (%)": _cell(recall_tuned.get(name, recall_default.get(name, {}))),
+            **{column: cells.get(name, "-") for column, cells in verdicts.items()},
             "notes": notes.get(name, ""),
         })  # fmt: skip
     frame = pd.DataFrame(rows)
@@ -138,6 +171,29 @@ def tuned_table(runs: list[RunResult]) -> str:
                     disable_numparse=True)  # fmt: skip
 
 
+def gaps(values: dict[str, dict[int, float]], rows: list[str]) -> tuple[float, float]:
+    """(best - median, best - worst) of the rows' means, in points: how far apart the methods
+    of one ranking lie."""
+    means = sorted(100 * _mean(values[n]) for n in rows)
+    return means[-1] - statistics.median(means), means[-1] - means[0]
+
+
+def _gaps_line(runs: list[RunResult], default: dict[str, dict[int, float]],
+               tuned: dict[str, dict[int, float]], ties: int, default_ties: int) -> str:  # fmt: skip
+    """The Reality Check's finding tested on one protocol: do the gaps between methods shrink
+    once every method is tuned? (The row that trained no step is not a method here.)"""
+    reference = untrained_row(runs)
+    rows = [n for n in tuned if n in default and n != reference]
+    if len(rows) < 2:
+        return "- **Gaps:** fewer than two methods to compare."
+    (median_d, worst_d), (median_t, worst_t) = gaps(default, rows), gaps(tuned, rows)
+    return (f"- **Gaps** (Musgrave et al. found published gaps shrink once every method is "
+            f"tuned): the best of {len(rows)} methods leads the median one by {median_d:.1f} "
+            f"points at the papers' defaults and by {median_t:.1f} tuned, the worst by "
+            f"{worst_d:.1f} and {worst_t:.1f}; {ties} rows are `≈ best` tuned, {default_ties} "
+            "at the defaults.")  # fmt: skip
+
+
 def tuned_section(runs: list[RunResult]) -> list[str]:
     """The markdown of one protocol's tuned comparison (empty without tuned runs)."""
     if not any(r.tuning for r in runs):
@@ -148,6 +204,7 @@ def tuned_section(runs: list[RunResult]) -> list[str]:
     best_tuned, wins_tuned = _significant_wins(tuned)
     best_default, wins_default = _significant_wins(default)
     ties = sum(m.startswith("≈") for m in against_best(tuned)[1].values())
+    default_ties = sum(m.startswith("≈") for m in against_best(default)[1].values())
     pairs, flips, resolved, reversed_ = flipped_pairs(default, tuned)
     moved = {n: compare(tuned[n], default[n]) for n in tuned if n in default and n not in notes}
     up = sum(c.p < ALPHA and c.difference > 0 for c in moved.values())
@@ -163,6 +220,7 @@ def tuned_section(runs: list[RunResult]) -> list[str]:
         f"{wins_tuned} of {len(tuned) - 1} methods and {ties} cannot be told from it; at the "
         f"papers' defaults, the best ({best_default}) was significantly better than "
         f"{wins_default} of {len(default) - 1}.",
+        _gaps_line(runs, default, tuned, ties, default_ties),
         f"- **Orderings that flipped:** {flips} of the {pairs} pairs of methods are ordered "
         f"the other way round after tuning; {len(resolved)} of those reverse an ordering the "
         f"default table resolved (paired t-tests, Benjamini-Hochberg over all pairs, 5 %), and "
