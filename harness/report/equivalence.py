@@ -41,6 +41,7 @@ from harness.report.ranks import (
     Block,
     average_ranks,
     by_setting,
+    main_blocks,
     shared_blocks,
 )
 
@@ -207,7 +208,7 @@ def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None =
 def comparisons(blocks: list[Block], cache: PosteriorCache | None = None) -> list[Across]:
     """Over every protocol, then per setting (pretrained on real photos, from scratch) when
     the protocols hold both."""
-    out = [across(blocks, ALL, cache)]
+    out = [across(main_blocks(blocks), ALL, cache)]
     out += [across(group, setting, cache) for setting, group in by_setting(blocks).items()]
     return [a for a in out if a is not None]
 

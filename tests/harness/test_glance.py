@@ -139,6 +139,52 @@ def test_each_setting_gets_its_own_diagram_and_bump_chart_and_one_agreement_line
     assert _setting_figures(blocks[:2], tmp_path) == []
 
 
+def test_a_tuned_real_photo_setting_is_also_compared_at_the_papers_defaults():
+    """Two real-photo protocols, one with tuned runs, and two from scratch: the tuned ranking
+    stands for the tuned one in the comparison over every protocol and in its setting; every
+    real-photo protocol also enters at the papers' defaults, as a setting of its own."""
+    from harness.records import RunResult
+    from harness.report.ranks import (
+        PRETRAINED,
+        PRETRAINED_DEFAULT,
+        SCRATCH,
+        by_setting,
+        main_blocks,
+    )
+
+    default = {"A": 0.50, "B": 0.40, "C": 0.30, "D": 0.20}
+    tuned = {"A": 0.40, "B": 0.45, "C": 0.50, "D": 0.55}  # tuning reverses the order
+
+    def run(protocol, method, seed, value, tuning=False, photos=True):
+        record = {
+            "schema": 2, "status": "ok", "seed": seed, "started_at": f"2026-01-0{seed + 1}",
+            "protocol": {"name": protocol, "version": 1, "hash": protocol, "content": {
+                "backbone": {"pretrained": "imagenet" if photos else "none"}}},
+            "method": {"name": method, "version": 1, "hyperparameters": {"t": tuning}},
+            "training": {"max_steps": None, "steps": 10}, "metrics": {"map@r": value + seed / 1000},
+        }  # fmt: skip
+        if tuning:
+            record["tuning"] = {"trials": 20}
+        return RunResult.from_json(record)
+
+    runs = [run(p, m, s, v, photos=p.startswith("p")) for p in ("p1", "p2", "s1", "s2")
+            for m, v in default.items() for s in range(3)]  # fmt: skip
+    runs += [run("p1", m, s, v, tuning=True) for m, v in tuned.items() for s in range(3)]
+    blocks = protocol_blocks(runs)
+    settings = {b.name + "|" + b.setting for b in blocks}
+    assert settings == {f"p1 (tuned)|{PRETRAINED}", f"p2|{PRETRAINED}", f"s1|{SCRATCH}",
+                        f"s2|{SCRATCH}", f"p1|{PRETRAINED_DEFAULT}", f"p2|{PRETRAINED_DEFAULT}"}  # fmt: skip
+    twin = next(b for b in blocks if b.setting == PRETRAINED_DEFAULT and b.name == "p1")
+    assert twin.means["A"] == pytest.approx(0.501) and twin.means["D"] == pytest.approx(0.201)
+    assert {b.name for b in main_blocks(blocks)} == {"p1 (tuned)", "p2", "s1", "s2"}
+    groups = by_setting(blocks)
+    assert list(groups) == [PRETRAINED, PRETRAINED_DEFAULT, SCRATCH]
+    assert [b.name for b in groups[PRETRAINED_DEFAULT]] == ["p1", "p2"]
+    # without tuned real-photo runs, no twins
+    assert all(b.setting != PRETRAINED_DEFAULT for b in protocol_blocks(
+        [r for r in runs if not r.tuning]))  # fmt: skip
+
+
 # ----------------------------------------------------------- against the committed tables
 
 
