@@ -139,6 +139,7 @@ def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
     verdicts = _tuned_verdicts(runs, tuned, best)
     zero = zero_shot_row(runs)
     recall_default, recall_tuned, _ = tuned_values(runs, "recall@1")
+    won = default_won(runs)
     rows = []
     for name in sorted(tuned, key=lambda n: -_mean(tuned[n])):
         moved = "-"
@@ -157,7 +158,7 @@ def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
             "vs best, default": default_marks.get(name, "-"),
             "tuned recall@1 (%)": _cell(recall_tuned.get(name, recall_default.get(name, {}))),
             **{column: cells.get(name, "-") for column, cells in verdicts.items()},
-            "notes": notes.get(name, ""),
+            "notes": notes.get(name, "the paper default won its study" if name in won else ""),
         })  # fmt: skip
     frame = pd.DataFrame(rows)
     if not (frame["notes"] != "").any():
@@ -169,6 +170,18 @@ def tuned_table(runs: list[RunResult]) -> str:
     """tuned_frame as a GitHub markdown table (the leaderboard's, and the README's copy)."""
     return tabulate(tuned_frame(runs), headers="keys", tablefmt="github", showindex=False,
                     disable_numparse=True)  # fmt: skip
+
+
+def default_won(runs: list[RunResult]) -> set[str]:
+    """The rows (default names) whose study found nothing better than its first trial, the
+    paper's configuration: their tuned runs repeat the default runs."""
+    names = row_names(runs)
+    won: dict[str, bool] = {}
+    for r in runs:
+        if r.tuning:
+            row = names[id(r)].replace(TUNED, "", 1)
+            won[row] = won.get(row, True) and r.tuning.get("best_trial") == 0
+    return {row for row, w in won.items() if w}
 
 
 def gaps(values: dict[str, dict[int, float]], rows: list[str]) -> tuple[float, float]:
@@ -232,6 +245,10 @@ def tuned_section(runs: list[RunResult]) -> list[str]:
         f"{len(moved) - up - down} within their seeds' noise; most: "
         + ", ".join(f"{n} {100 * moved[n].difference:+.1f}" for n in most) + ".",
     ]  # fmt: skip
+    won = sorted(default_won(runs))
+    if won:
+        lines.append(f"- **The paper default won its study** ({len(won)}; their tuned runs "
+                     f"repeat the default ones): {', '.join(won)}.")  # fmt: skip
     if notes:
         lines.append(f"- **Not tuned** ({len(notes)}): " + ", ".join(
             f"{n} ({why.removeprefix('not tuned: ')})" for n, why in sorted(notes.items())) + ".")  # fmt: skip

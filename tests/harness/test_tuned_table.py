@@ -137,3 +137,21 @@ def test_the_untrained_method_has_no_search_space():
 
     load_methods()
     assert METHODS.get("untrained").search == {} and METHODS.get("contrastive").search
+
+
+def test_a_study_whose_paper_default_won_is_named():
+    """`a`'s study found nothing better than its first trial (the paper's configuration):
+    the table and the section say so; `b`'s study found better."""
+    marked = []
+    for r in runs():
+        if r.tuning:
+            best = 0 if r.method.name == "a" else 7
+            r = RunResult.from_json({**r.to_json(), "tuning": {"trials": 12, "best_trial": best}})
+        marked.append(r)
+    rows = {row["method"]: row for row in tuned_frame(marked).to_dict("records")}
+    assert rows["a"]["notes"] == "the paper default won its study" and rows["b"]["notes"] == ""
+    text = " ".join("\n".join(tuned_section(marked)).split())
+    assert (
+        "**The paper default won its study** (1; their tuned runs repeat the default ones): a."
+        in text
+    )
