@@ -24,6 +24,7 @@ from harness.report.glance import draw_glance, glance_section
 from harness.report.leaderboard import leaderboard_frame
 from harness.report.ranks import (
     PRETRAINED,
+    PRETRAINED_DEFAULT,
     SCRATCH,
     Block,
     average_ranks,
@@ -33,6 +34,7 @@ from harness.report.ranks import (
     caption,
     cd_drawing,
     critical_difference,
+    main_blocks,
     neighbour_taus,
     protocol_blocks,
     rank_test,
@@ -255,10 +257,15 @@ def test_protocols_sharing_too_few_methods_get_no_tau_and_no_scipy_warning():
 
 def test_the_committed_blocks_and_taus_are_the_agreement_tables(committed):
     runs = [r for g in committed.values() for r in g]
-    blocks = protocol_blocks(runs)
-    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", "cars",
-                                        "groceries", "birds"]  # fmt: skip
+    every = protocol_blocks(runs)
+    blocks = main_blocks(every)
+    photos = ["cars", "groceries", "birds"]
+    tuned_photos = [p + (" (tuned)" if any(r.tuning for r in committed[p]) else "") for p in photos]
+    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", *tuned_photos]
     assert [b.setting for b in blocks] == [SCRATCH] * 3 + [PRETRAINED] * 3
+    # with a tuned real-photo protocol, each real-photo protocol also at the papers' defaults
+    twins = [b.name for b in every if b.setting == PRETRAINED_DEFAULT]
+    assert twins == (photos if tuned_photos != photos else [])
     plain = {r["protocols"].split(" (")[0] + "|" + r["protocols"].split(" vs ")[1].split(" (")[0]:
              r["Kendall's tau"] for r in agreement_rows(protocol_groups(runs))}  # fmt: skip
     a, b, tau, _, n = neighbour_taus(blocks)[0]
