@@ -27,7 +27,7 @@ from tabulate import tabulate
 
 from harness.core import REFERENCE_FILE, HarnessError, benjamini_hochberg, compare, paper_results
 from harness.records import RunResult
-from harness.report.tuned import TUNED
+from harness.report.tuned import tuned_view
 from harness.report.verdicts import ALPHA, pretrained, row_names
 
 CLAIMS_FILE = REFERENCE_FILE.parent / "claims.yaml"
@@ -130,7 +130,7 @@ def claim_rows(runs: list[RunResult]) -> list[dict[str, str]]:
     judged = _judged(default, names, claims)
     if judged is None:
         return []
-    tuned = _judged(*_tuned_view(runs), claims) if any(r.tuning for r in runs) else None
+    tuned = _judged(*tuned_view(runs), claims) if any(r.tuning for r in runs) else None
     rows = []
     for i, claim in enumerate(claims):
         row = {
@@ -168,15 +168,6 @@ def _judged(runs: list[RunResult], names: dict[int, str], claims: list[Claim]
                     f"cannot tell (not run: {', '.join(missing)})" if missing
                     else _verdict(tests[i].difference, adjusted[str(i)])))  # fmt: skip
     return out
-
-
-def _tuned_view(runs: list[RunResult]) -> tuple[list[RunResult], dict[int, str]]:
-    """The tuned ranking's runs and their rows: each method's `+tuned` runs named as its
-    default row, and the default runs of a method that has no tuned runs."""
-    names = row_names(runs)
-    tuned_rows = {names[id(r)].replace(TUNED, "", 1) for r in runs if r.tuning}
-    kept = [r for r in runs if r.tuning or names[id(r)] not in tuned_rows]
-    return kept, {id(r): names[id(r)].replace(TUNED, "", 1) for r in kept}
 
 
 def _verdict(difference: float, p: float) -> str:

@@ -33,11 +33,11 @@ from harness.records import (
     write_text_atomic,
 )
 from harness.report.agreement import agreement_section, protocol_groups
+from harness.report.bayes import within
 from harness.report.beside import beside_section, reference_runs
 from harness.report.claims import claims_across_section, claims_section
 from harness.report.cost_tables import cost_section
 from harness.report.equivalence import section as equivalence_section
-from harness.report.equivalence import within
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.glance import glance_section
 from harness.report.posteriors import cache_for
@@ -226,7 +226,7 @@ def _mark_equivalence(
     lines: list[dict[str, Any]], runs: list[RunResult],
     values: dict[str, dict[int, float]], best: str | None,
 ) -> None:  # fmt: skip
-    """Add the `P(worse · ≈ · better)` columns (harness.report.equivalence.within) from the
+    """Add the `P(worse · ≈ · better)` columns (harness.report.bayes.within) from the
     complete rows' per-seed `values`: against the `best`, and against the zero-shot or
     untrained row, at the protocol's ROPE."""
     for column, cells in within(values, best, runs).items():

@@ -21,6 +21,7 @@ from tabulate import tabulate
 
 from harness.core import METHODS, benjamini_hochberg, compare, load_methods, t_interval
 from harness.records import RunResult
+from harness.report.bayes import within
 from harness.report.verdicts import (
     ALPHA,
     against,
@@ -84,6 +85,16 @@ def tuned_values(
     return default, tuned, notes
 
 
+def tuned_view(runs: list[RunResult]) -> tuple[list[RunResult], dict[int, str]]:
+    """The tuned ranking's runs and their rows (run id -> row): each method's `+tuned` runs
+    named as its default row, and the default runs of a method that has no tuned runs; the
+    rule `tuned_values` applies to per-seed values, for a caller that needs the runs."""
+    names = row_names(runs)
+    tuned_rows = {names[id(r)].replace(TUNED, "", 1) for r in runs if r.tuning}
+    kept = [r for r in runs if r.tuning or names[id(r)] not in tuned_rows]
+    return kept, {id(r): names[id(r)].replace(TUNED, "", 1) for r in kept}
+
+
 def _significant_wins(values: dict[str, dict[int, float]]) -> tuple[str | None, int]:
     """The best row and how many rows it is significantly better than (the leaderboard's
     `below` marks: paired t-tests against the best, Benjamini-Hochberg adjusted)."""
@@ -115,10 +126,7 @@ def _tuned_verdicts(runs: list[RunResult], tuned: dict[str, dict[int, float]], b
     """Column -> row -> cell of the tuned ranking's verdicts beyond `vs best`: P(worse · ≈ ·
     better) against the best tuned row; under a pretrained backbone, `vs zero-shot` and its
     P(worse · ≈ · better) (the zero-shot row has nothing to tune: its default runs)."""
-    from harness.report.equivalence import within
-
-    probs = {f"{column.split(', ±')[0]}, tuned, ±{column.split(', ±')[1]}": cells
-             for column, cells in within(tuned, best, runs).items()}  # fmt: skip
+    probs = within(tuned, best, runs, tag=", tuned")
     zero = zero_shot_row(runs)
     if zero is None or zero not in tuned:
         return probs

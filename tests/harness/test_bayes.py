@@ -23,16 +23,10 @@ from harness.report.bayes import (
     seed_probs,
     signed_rank_probs,
     signed_rank_samples,
-)
-from harness.report.equivalence import (
-    across,
-    caption,
-    drawing,
-    readme_sentence,
-    section,
     within,
     within_column,
 )
+from harness.report.equivalence import across, caption, drawing, readme_sentence, section
 from harness.report.leaderboard import leaderboard_frame
 from harness.report.ranks import PRETRAINED, Block, protocol_blocks
 from harness.report.verdicts import against_best, per_seed
