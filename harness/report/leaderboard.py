@@ -45,6 +45,7 @@ from harness.report.ranks import protocol_blocks
 from harness.report.reference import reference_section
 from harness.report.trunk import method_sources, trunk_lines
 from harness.report.tuned import tuned_section
+from harness.report.tuned_verdict import tuned_verdict_section
 from harness.report.verdicts import (
     against,
     against_best,
@@ -528,7 +529,8 @@ def write_leaderboard(results_dir: Path, reference: Path | None = None) -> Path:
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
     posteriors = cache_for(Path(results_dir))  # the hierarchical model's, kept between runs
     text = (head + glance_section(runs, Path(results_dir), posteriors)
-            + claims_across_section(protocol_groups(runs)) + sep + tables
+            + tuned_verdict_section(protocol_groups(runs, tuned=True))
+            + claims_across_section(protocol_groups(runs, tuned=True)) + sep + tables
             + agreement_section(runs) + equivalence_section(protocol_blocks(runs), posteriors)
             + reference_section(Path(results_dir), runs) + beside
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))

@@ -43,6 +43,7 @@ from harness.report.ranks import (
 from harness.report.tuned import tuned_frame
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
+FIRST_SCREEN = 60  # README lines
 
 
 def _blocks(table: dict[str, dict[str, float]]) -> list[Block]:
@@ -388,6 +389,22 @@ def test_the_readme_shows_the_committed_glance(committed):
     tied = sum(r.mark.startswith("≈") for r in tuned.rows)
     assert f"{tuned.rows[0].name} leads, and the {tied} shaded methods" in whole
 
+
+
+def test_the_readme_and_leaderboard_give_the_committed_tuned_photo_verdict(committed):
+    """The tuned real-photo verdict (harness.report.tuned_verdict) is on the README's first
+    screen and in the leaderboard, as the committed runs give it, and it covers every
+    pretrained protocol."""
+    from harness.report.tuned_verdict import tuned_verdict
+
+    runs = [r for g in committed.values() for r in g]
+    text = tuned_verdict(protocol_groups(runs, tuned=True))
+    for name in ("birds", "cars", "groceries"):
+        assert f"on {name}, " in text, name
+    readme = (REFERENCE.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert text in " ".join("\n".join(readme.split("\n")[:FIRST_SCREEN]).split())
+    leaderboard = (REFERENCE / "LEADERBOARD.md").read_text(encoding="utf-8")
+    assert text in leaderboard
 
 DRAW = """
 import hashlib, io
