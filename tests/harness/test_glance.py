@@ -390,7 +390,6 @@ def test_the_readme_shows_the_committed_glance(committed):
     assert f"{tuned.rows[0].name} leads, and the {tied} shaded methods" in whole
 
 
-
 def test_the_readme_and_leaderboard_give_the_committed_tuned_photo_verdict(committed):
     """The tuned real-photo verdict (harness.report.tuned_verdict) is on the README's first
     screen and in the leaderboard, as the committed runs give it, and it covers every
@@ -405,6 +404,7 @@ def test_the_readme_and_leaderboard_give_the_committed_tuned_photo_verdict(commi
     assert text in " ".join("\n".join(readme.split("\n")[:FIRST_SCREEN]).split())
     leaderboard = (REFERENCE / "LEADERBOARD.md").read_text(encoding="utf-8")
     assert text in leaderboard
+
 
 DRAW = """
 import hashlib, io
