@@ -174,8 +174,22 @@ def test_the_tuned_photo_verdict_quotes_the_hand_worked_numbers():
         "every other method is significantly below it. Tuning flipped the ordering of 1 of 3 "
         "pairs on p (1 resolved at the defaults, 1 of them resolved the other way tuned). The "
         "Reality Check's finding, that gaps shrink once every method is tuned, holds on 1 of "
-        "1: the best method's lead over the median one goes from 5.0 to 4.0 points on p. No "
-        "seed-paper claim that holds at the defaults fails tuned."
+        "1: the best method's lead over the median one goes from 5.0 to 4.0 points on p. Every "
+        "seed-paper claim gets the same verdict tuned as at the defaults."
     )
     assert tuned_verdict({"p": [r for r in pretrained if not r.tuning]}) == ""
     assert tuned_verdict({"q": runs("q")}) == ""  # random weights: not a photo verdict
+
+
+def test_the_verdict_names_the_claims_that_hold_only_untuned_or_only_tuned():
+    from harness.report.tuned_verdict import ProtocolVerdict, _claims
+
+    def verdict(name: str, untuned: list[str], tuned: list[str]) -> ProtocolVerdict:
+        return ProtocolVerdict(name, "map@r", "a", 1.0, [], 1, 0, 0, 0, 1.0, 1.0, {20}, 5,
+                               untuned, tuned)  # fmt: skip
+
+    both = [verdict("cars", ["x > y"], ["p > q"]), verdict("birds", [], ["r > s"])]
+    assert _claims(both) == ("Of the seed papers' claims judged again tuned, 1 holds only "
+                             "untuned: x > y (cars); 2 hold only tuned: p > q (cars), r > s "
+                             "(birds).")  # fmt: skip
+    assert _claims([verdict("cars", [], [])]).startswith("Every seed-paper claim gets the same")
