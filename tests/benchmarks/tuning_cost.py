@@ -66,6 +66,8 @@ def study_cost(db: Path) -> dict:
     for summary in optuna.get_all_study_summaries(storage):
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+        if not done:  # a study just begun: nothing to time yet
+            continue
         seconds = [(t.datetime_complete - t.datetime_start).total_seconds() for t in done]
         methods[summary.study_name.split("/")[1].split("@")[0]] = {
             "trials": len(done),
@@ -96,7 +98,10 @@ def table(protocol: str, study: dict, sweep: dict) -> list[str]:
     trials = sum(m["trials"] for m in study["methods"].values())
     pruned = sum(m["pruned"] for m in study["methods"].values())
     total = sum(sum(m["seconds"]) for m in study["methods"].values())
-    lines = [f"## {protocol}", "",
+    budget = max((m["trials"] for m in study["methods"].values()), default=0)
+    short = sum(m["trials"] < budget for m in study["methods"].values())
+    lines = [f"## {protocol}" + (f" (in progress: {short} studies short of {budget} trials)"
+                                 if short else ""), "",
              f"{len(study['methods'])} studies, {trials} finished trials ({pruned} pruned): "
              f"{total / 60:.0f} trial-minutes, {study['wall_seconds'] / 60:.0f} min of wall "
              f"time with a trial running. Tuned sweep: {sweep['runs']} runs, "
