@@ -123,7 +123,7 @@ def claim_rows(runs: list[RunResult]) -> list[dict[str, str]]:
     """One row per claim (see the module's docstring); empty unless both methods of at least
     one claim have finished runs here. With `+tuned` runs, each claim is judged again on the
     tuned ranking (each method's tuned runs, or its default ones where it has none): `tuned:
-    Δ` and `tuned verdict`, which says when a claim holds only untuned."""
+    Δ` and `tuned verdict`, which says when a claim holds only untuned, or only tuned."""
     default = [r for r in runs if not r.tuning]  # the papers' claims are at their defaults
     names = row_names(default)
     claims = _expanded(load_claims(), default, names)
@@ -143,9 +143,11 @@ def claim_rows(runs: list[RunResult]) -> list[dict[str, str]]:
             "verdict": judged[i][2],
         }  # fmt: skip
         if tuned is not None:
-            only = judged[i][2].startswith("holds") and not tuned[i][2].startswith("holds")
+            before, after = (j[i][2].startswith("holds") for j in (judged, tuned))
             row[f"tuned: Δ {METRIC}"] = tuned[i][0]
-            row["tuned verdict"] = tuned[i][2] + ("; holds only untuned" if only else "")
+            row["tuned verdict"] = tuned[i][2] + ("; holds only untuned" if before and not after
+                                                  else "; holds only tuned" if after and not before
+                                                  else "")  # fmt: skip
         rows.append(row)
     return rows
 

@@ -53,8 +53,7 @@ def protocol_verdict(name: str, runs: list[RunResult]) -> ProtocolVerdict | None
     (gap_default, _), (gap_tuned, _) = gaps(default, rows), gaps(tuned, rows)
     rows = [r for r in claim_rows(runs) if "tuned verdict" in r]
     untuned = [r["claim"] for r in rows if r["tuned verdict"].endswith("holds only untuned")]
-    tuned_only = [r["claim"] for r in rows
-                  if r["tuned verdict"].startswith("holds") and not r["verdict"].startswith("holds")]  # fmt: skip
+    tuned_only = [r["claim"] for r in rows if r["tuned verdict"].endswith("holds only tuned")]
     return ProtocolVerdict(
         name, metric, str(best), 100 * _mean(tuned[str(best)]), ties, pairs, flips,
         len(resolved), len(reversed_), gap_default, gap_tuned,

@@ -155,6 +155,22 @@ def test_each_claim_is_judged_again_on_the_tuned_ranking():
     assert "tuned verdict" not in claim_rows(runs())[0]  # no tuned runs: no tuned columns
 
 
+def test_a_claim_that_holds_only_once_tuned_says_so():
+    """Tuned pddm_quadruplet clears lifted structure (+0.100, +0.105, +0.107): `cannot tell`
+    at the defaults, `holds` tuned."""
+    extra = []
+    for seed, value in enumerate([0.700, 0.730, 0.712]):
+        data = record("pddm_quadruplet", seed, PRETRAINED)
+        data["metrics"] = {"recall@1": value, "map@r": value / 2}
+        data["tuning"] = {"trials": 20}
+        extra.append(RunResult.from_json(data))
+    row = claim_rows(runs() + extra)[2]
+    assert row["claim"] == "pddm_quadruplet > lifted_structure"
+    assert row["verdict"].startswith("cannot tell")
+    assert row["tuned verdict"].startswith("holds (p = ")
+    assert row["tuned verdict"].endswith("; holds only tuned")
+
+
 def test_ours_is_the_paired_difference_with_its_t_interval_in_points():
     row = claim_rows(runs())[0]  # lifted - contrastive: 0.100, 0.105, 0.095
     # mean 10.0 points, sd 0.5, t(0.975, 2) = 4.303: ± 4.303 x 0.5 / sqrt(3) = 1.24
