@@ -347,7 +347,10 @@ def test_the_leaderboard_section_links_every_figure(committed, tmp_path):
                           "dumbbell_tuning.png", "forest_cars.png", "forest_groceries.png",
                           "cd_diagram_pretrained.png", "ranks_bump_pretrained.png",
                           "cd_diagram_scratch.png", "ranks_bump_scratch.png", "equivalence.png",
-                          "equivalence_pretrained.png", "equivalence_scratch.png"}  # fmt: skip
+                          "equivalence_pretrained.png", "equivalence_scratch.png",
+                          "dumbbell_cars.png", "dumbbell_groceries.png",
+                          "cd_diagram_pretrained_default.png", "ranks_bump_pretrained_default.png",
+                          "equivalence_pretrained_default.png"}  # fmt: skip
     assert section.index("cd_diagram.png") < section.index("equivalence.png")
     assert section.index("equivalence.png") < section.index("ranks_bump.png")
     assert section.index("cd_diagram_pretrained.png") < section.index("cd_diagram_scratch.png")
