@@ -19,7 +19,9 @@ def _text(path: str) -> str:
 
 
 def _runs(protocol: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((RUNS / protocol).glob("*/seed*.json"))]
+    """The protocol's paper-default runs (its `+tuned` runs are another sweep)."""
+    return [json.loads(p.read_text()) for p in sorted((RUNS / protocol).glob("*/seed*.json"))
+            if not p.parent.name.endswith("+tuned")]  # fmt: skip
 
 
 def _seconds(run: dict) -> float:

@@ -39,6 +39,9 @@ def add_parser(sub: Any) -> None:
     tn.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="auto (default): cuda when a GPU is visible, else cpu")  # fmt: skip
     tn.add_argument("--max-steps", type=positive_int, help="cap each trial's steps (smoke)")
+    tn.add_argument("--processes", type=positive_int, default=1, metavar="N",
+                    help="with the local engine: N methods' studies side by side, each in a "
+                    "process of its own with the cores shared out (default 1)")  # fmt: skip
     tn.add_argument("--engine", default="local", choices=["local", "ray"],
                     help="local: trials one after another here; ray: trials as Ray tasks")  # fmt: skip
     tn.add_argument("--address", help="with --engine ray: an existing cluster (default: local)")
@@ -85,7 +88,7 @@ def cmd_tune(args: Any) -> int:
             data_root=args.data_root, device=args.device, max_steps=args.max_steps,
             progress=not args.quiet, engine=args.engine, address=args.address,
             cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
-            tracking=tracking,
+            processes=args.processes, tracking=tracking,
         )  # fmt: skip
         written = tune(args.protocol, names, args.trials, options)
     except KeyboardInterrupt:

@@ -33,9 +33,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from harness.records import RunResult
 
 DEFAULT_ROPE = 1.0  # points of the main metric; a protocol's evaluation.rope
 ROPES = (0.5, 1.0, 2.0)  # the sensitivity table's
@@ -132,3 +135,37 @@ def signed_rank_probs(x: Sequence[float], y: Sequence[float], rope: float) -> Pr
 def _check_rope(rope: float) -> None:
     if not (rope > 0 and math.isfinite(rope)):
         raise ValueError(f"the ROPE must be a positive number of points, got {rope!r}")
+
+
+def within_column(label: str, rope: float, tag: str = "") -> str:
+    """The leaderboard's column of probabilities against the `label` row (best, zero-shot);
+    `tag` names a table of its own (", tuned")."""
+    return f"P(worse · ≈ · better) vs {label}{tag}, ±{rope:g}"
+
+
+def within(values: dict[str, dict[int, float]], best: str | None, runs: list[RunResult],
+           tag: str = "") -> dict[str, dict[str, str]]:  # fmt: skip
+    """Within one protocol: column -> row -> cell, each row's probabilities against the
+    `best` row and against the zero-shot (pretrained) or untrained (from scratch) row, by the
+    correlated t-test over the seeds both ran (`values`: row -> seed -> main metric, the
+    complete rows). The reference's own cell names it; a row with one shared seed is
+    untested. `tag` goes into the column names (within_column)."""
+    from harness.report.verdicts import pretrained, untrained_row
+
+    rope = protocol_rope(runs[0].protocol.content if runs else None)
+    untrained = untrained_row(runs)
+    # the row that trained no step is named by its role under a pretrained backbone, else
+    # by its own name (random weights)
+    references = [(best, "best"), (untrained, "zero-shot" if pretrained(runs) else untrained)]
+    out = {}
+    for reference, label in references:
+        if reference not in values:
+            continue
+        ref = {s: SCALE * v for s, v in values[reference].items()}
+        cells = {reference: label}
+        for name, seeds in values.items():
+            if name != reference:
+                p = seed_probs({s: SCALE * v for s, v in seeds.items()}, ref, rope)
+                cells[name] = p.cell() if p else f"{min(len(seeds), len(ref))} seed: untested"
+        out[within_column(label, rope, tag)] = cells
+    return out

@@ -27,6 +27,7 @@ from tabulate import tabulate
 
 from harness.core import REFERENCE_FILE, HarnessError, benjamini_hochberg, compare, paper_results
 from harness.records import RunResult
+from harness.report.tuned import tuned_view
 from harness.report.verdicts import ALPHA, pretrained, row_names
 
 CLAIMS_FILE = REFERENCE_FILE.parent / "claims.yaml"
@@ -120,31 +121,55 @@ def _difference(a: dict[int, float], b: dict[int, float]) -> str:
 
 def claim_rows(runs: list[RunResult]) -> list[dict[str, str]]:
     """One row per claim (see the module's docstring); empty unless both methods of at least
-    one claim have finished runs here."""
-    runs = [r for r in runs if not r.tuning]  # the papers' claims are at their defaults
-    names = row_names(runs)
-    claims = _expanded(load_claims(), runs, names)
-    values = [[_values(runs, names, side, METRIC) for side in (c.better, c.worse)] for c in claims]
-    tests = {i: compare(a, b) for i, (a, b) in enumerate(values) if a and b}
-    if not tests:
+    one claim have finished runs here. With `+tuned` runs, each claim is judged again on the
+    tuned ranking (each method's tuned runs, or its default ones where it has none): `tuned:
+    Δ` and `tuned verdict`, which says when a claim holds only untuned, or only tuned."""
+    default = [r for r in runs if not r.tuning]  # the papers' claims are at their defaults
+    names = row_names(default)
+    claims = _expanded(load_claims(), default, names)
+    judged = _judged(default, names, claims)
+    if judged is None:
         return []
-    adjusted = benjamini_hochberg({str(i): c.p for i, c in tests.items()})
+    tuned = _judged(*tuned_view(runs), claims) if any(r.tuning for r in runs) else None
     rows = []
     for i, claim in enumerate(claims):
-        missing = [side for side, v in zip((claim.better, claim.worse), values[i], strict=True)
-                   if not v]  # fmt: skip
-        rows.append({
+        row = {
             "claim": f"{claim.better} > {claim.worse}",
             "whose": claim.who,
             f"paper {METRIC} (%)": _published(claim),
             "paper's data": claim.where,
-            f"ours: Δ {METRIC}": _difference(*values[i]),
-            f"ours: Δ {ALSO}": _difference(*[_values(runs, names, side, ALSO)
-                                             for side in (claim.better, claim.worse)]),
-            "verdict": (f"cannot tell (not run: {', '.join(missing)})" if missing
-                        else _verdict(tests[i].difference, adjusted[str(i)])),
-        })  # fmt: skip
+            f"ours: Δ {METRIC}": judged[i][0],
+            f"ours: Δ {ALSO}": judged[i][1],
+            "verdict": judged[i][2],
+        }  # fmt: skip
+        if tuned is not None:
+            before, after = (j[i][2].startswith("holds") for j in (judged, tuned))
+            row[f"tuned: Δ {METRIC}"] = tuned[i][0]
+            row["tuned verdict"] = tuned[i][2] + ("; holds only untuned" if before and not after
+                                                  else "; holds only tuned" if after and not before
+                                                  else "")  # fmt: skip
+        rows.append(row)
     return rows
+
+
+def _judged(runs: list[RunResult], names: dict[int, str], claims: list[Claim]
+            ) -> list[tuple[str, str, str]] | None:  # fmt: skip
+    """Per claim, on these runs: (A − B in METRIC, in ALSO, the verdict), the p-values
+    Benjamini-Hochberg-adjusted over the claims; None when no claim has both methods run."""
+    sides = [(c.better, c.worse) for c in claims]
+    values = [[_values(runs, names, side, METRIC) for side in pair] for pair in sides]
+    tests = {i: compare(a, b) for i, (a, b) in enumerate(values) if a and b}
+    if not tests:
+        return None
+    adjusted = benjamini_hochberg({str(i): c.p for i, c in tests.items()})
+    out = []
+    for i, pair in enumerate(sides):
+        missing = [side for side, v in zip(pair, values[i], strict=True) if not v]
+        also = _difference(*[_values(runs, names, side, ALSO) for side in pair])
+        out.append((_difference(*values[i]), also,
+                    f"cannot tell (not run: {', '.join(missing)})" if missing
+                    else _verdict(tests[i].difference, adjusted[str(i)])))  # fmt: skip
+    return out
 
 
 def _verdict(difference: float, p: float) -> str:
@@ -194,6 +219,8 @@ def claims_across(groups: dict[str, list[RunResult]]) -> list[dict[str, str]]:
         for name, rows in per.items():
             line[f"{name}: Δ {METRIC}"] = rows[i][f"ours: Δ {METRIC}"]
             line[name] = rows[i]["verdict"]
+            if "tuned verdict" in rows[i]:
+                line[f"{name}, tuned"] = rows[i]["tuned verdict"]
         out.append(line)
     return out
 
@@ -204,7 +231,7 @@ def claims_across_section(groups: dict[str, list[RunResult]]) -> str:
     if not rows:
         return ""
     names = [k for k in rows[0] if k not in ("claim", "whose", "paper's data")
-             and not k.endswith(f"Δ {METRIC}")]  # fmt: skip
+             and not k.endswith((f"Δ {METRIC}", ", tuned"))]  # fmt: skip
     table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
                      disable_numparse=True)  # fmt: skip
     return "\n".join([

@@ -1,6 +1,7 @@
 """Which losses can be treated as interchangeable (harness.report.bayes's tests, at a ROPE).
 
-- Within a protocol (`within`): each row against the best and against the row that trained
+- Within a protocol (`within`, kept in harness.report.bayes, where harness.report.tuned can
+  import it without a circle): each row against the best and against the row that trained
   no step, the leaderboard tables' `P(worse · ≈ · better)` columns.
 - Across protocols (`across`): each method against the reference (the best average rank) by
   the hierarchical model over every seed of every protocol (harness.report.hierarchical,
@@ -19,9 +20,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from tabulate import tabulate
 
-from harness.records import RunResult
 from harness.report import hierarchical
-from harness.report.bayes import (
+from harness.report.bayes import (  # noqa: F401 (within, within_column: re-exported)
     DECISIVE,
     DEFAULT_ROPE,
     ROPES,
@@ -31,6 +31,8 @@ from harness.report.bayes import (
     protocol_rope,
     seed_probs,
     signed_rank_probs,
+    within,
+    within_column,
 )
 from harness.report.figures import _figure, _save
 from harness.report.hierarchical import ESS_MIN, RHAT_MAX, NotConverged, Posterior, check_rope
@@ -41,6 +43,7 @@ from harness.report.ranks import (
     Block,
     average_ranks,
     by_setting,
+    main_blocks,
     shared_blocks,
 )
 
@@ -115,39 +118,6 @@ class Across:
         return sum(p.diagnostics.converged for p in self.posteriors.values()), len(self.posteriors)
 
 
-def within_column(label: str, rope: float) -> str:
-    """The leaderboard's column of probabilities against the `label` row (best, zero-shot)."""
-    return f"P(worse · ≈ · better) vs {label}, ±{rope:g}"
-
-
-def within(values: dict[str, dict[int, float]], best: str | None, runs: list[RunResult]
-           ) -> dict[str, dict[str, str]]:  # fmt: skip
-    """Within one protocol: column -> row -> cell, each row's probabilities against the
-    `best` row and against the zero-shot (pretrained) or untrained (from scratch) row, by the
-    correlated t-test over the seeds both ran (`values`: row -> seed -> main metric, the
-    complete rows). The reference's own cell names it; a row with one shared seed is
-    untested."""
-    from harness.report.verdicts import pretrained, untrained_row
-
-    rope = protocol_rope(runs[0].protocol.content if runs else None)
-    untrained = untrained_row(runs)
-    # the row that trained no step is named by its role under a pretrained backbone, else
-    # by its own name (random weights)
-    references = [(best, "best"), (untrained, "zero-shot" if pretrained(runs) else untrained)]
-    out = {}
-    for reference, label in references:
-        if reference not in values:
-            continue
-        ref = {s: SCALE * v for s, v in values[reference].items()}
-        cells = {reference: label}
-        for name, seeds in values.items():
-            if name != reference:
-                p = seed_probs({s: SCALE * v for s, v in seeds.items()}, ref, rope)
-                cells[name] = p.cell() if p else f"{min(len(seeds), len(ref))} seed: untested"
-        out[within_column(label, rope)] = cells
-    return out
-
-
 _WARNED: set[str] = set()  # a leaderboard draws each comparison twice (figure, section)
 
 
@@ -207,7 +177,7 @@ def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None =
 def comparisons(blocks: list[Block], cache: PosteriorCache | None = None) -> list[Across]:
     """Over every protocol, then per setting (pretrained on real photos, from scratch) when
     the protocols hold both."""
-    out = [across(blocks, ALL, cache)]
+    out = [across(main_blocks(blocks), ALL, cache)]
     out += [across(group, setting, cache) for setting, group in by_setting(blocks).items()]
     return [a for a in out if a is not None]
 

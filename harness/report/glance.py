@@ -44,6 +44,7 @@ from harness.report.ranks import (
     by_setting,
     caption,
     cd_figure,
+    main_blocks,
     protocol_blocks,
     rank_test,
     setting_agreement,
@@ -118,7 +119,8 @@ def draw_glance(runs: list[RunResult], folder: Path, cache: PosteriorCache | Non
     load_methods()  # the figures colour methods by family: the registry says which
     folder = Path(folder)
     out = []
-    blocks = protocol_blocks(runs)
+    every = protocol_blocks(runs)
+    blocks = main_blocks(every)
     test = rank_test(blocks)
     if test is not None:
         out.append(Glance(CD_DIAGRAM, "critical-difference diagram of the average ranks",
@@ -127,7 +129,7 @@ def draw_glance(runs: list[RunResult], folder: Path, cache: PosteriorCache | Non
     if len(blocks) >= 2:
         out.append(Glance(BUMP_CHART, "bump chart of each method's rank per protocol",
                           bump_caption(blocks), bump_figure(blocks, folder / f"{BUMP_CHART}.png")))  # fmt: skip
-    out += _setting_figures(blocks, folder, cache)
+    out += _setting_figures(every, folder, cache)
     groups = protocol_groups(runs, tuned=True)
     for name in sorted(groups):
         out += _protocol_figures(name, groups[name], folder)

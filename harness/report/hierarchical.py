@@ -351,7 +351,8 @@ def _start(
     (measured: R-hat 75 on triplet_global against multi_similarity)."""
     import jax.numpy as jnp
 
-    def logit(p: float) -> float:
+    def logit(p: float) -> float:  # p at 0 or 1: every difference the same but for rounding
+        p = min(max(p, 1e-9), 1 - 1e-9)
         return math.log(p / (1 - p))
 
     means = [float(np.mean(r)) for r in scaled.values()] + list(pinned.values())

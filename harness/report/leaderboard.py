@@ -33,11 +33,11 @@ from harness.records import (
     write_text_atomic,
 )
 from harness.report.agreement import agreement_section, protocol_groups
+from harness.report.bayes import within
 from harness.report.beside import beside_section, reference_runs
 from harness.report.claims import claims_across_section, claims_section
 from harness.report.cost_tables import cost_section
 from harness.report.equivalence import section as equivalence_section
-from harness.report.equivalence import within
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.glance import glance_section
 from harness.report.posteriors import cache_for
@@ -45,6 +45,7 @@ from harness.report.ranks import protocol_blocks
 from harness.report.reference import reference_section
 from harness.report.trunk import method_sources, trunk_lines
 from harness.report.tuned import tuned_section
+from harness.report.tuned_verdict import tuned_verdict_section
 from harness.report.verdicts import (
     against,
     against_best,
@@ -226,7 +227,7 @@ def _mark_equivalence(
     lines: list[dict[str, Any]], runs: list[RunResult],
     values: dict[str, dict[int, float]], best: str | None,
 ) -> None:  # fmt: skip
-    """Add the `P(worse · ≈ · better)` columns (harness.report.equivalence.within) from the
+    """Add the `P(worse · ≈ · better)` columns (harness.report.bayes.within) from the
     complete rows' per-seed `values`: against the `best`, and against the zero-shot or
     untrained row, at the protocol's ROPE."""
     for column, cells in within(values, best, runs).items():
@@ -528,7 +529,8 @@ def write_leaderboard(results_dir: Path, reference: Path | None = None) -> Path:
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
     posteriors = cache_for(Path(results_dir))  # the hierarchical model's, kept between runs
     text = (head + glance_section(runs, Path(results_dir), posteriors)
-            + claims_across_section(protocol_groups(runs)) + sep + tables
+            + tuned_verdict_section(protocol_groups(runs, tuned=True))
+            + claims_across_section(protocol_groups(runs, tuned=True)) + sep + tables
             + agreement_section(runs) + equivalence_section(protocol_blocks(runs), posteriors)
             + reference_section(Path(results_dir), runs) + beside
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))

@@ -63,38 +63,64 @@ class Block:
 
 # the two settings a protocol belongs to, by its backbone's starting weights
 SCRATCH, PRETRAINED = "from scratch", "pretrained on real photos"
-SETTING_STEMS = {PRETRAINED: "pretrained", SCRATCH: "scratch"}  # their figures' file names
+# once a real-photo protocol has tuned runs, its setting is compared tuned (PRETRAINED) and,
+# beside it, every real-photo protocol at the papers' defaults: the Reality Check's question
+PRETRAINED_DEFAULT = "pretrained on real photos, at the papers' defaults"
+SETTING_STEMS = {PRETRAINED: "pretrained", SCRATCH: "scratch",
+                 PRETRAINED_DEFAULT: "pretrained_default"}  # their figures' file names  # fmt: skip
 
 
 def protocol_blocks(runs: list[RunResult]) -> list[Block]:
     """Every full-budget protocol (runs of several versions: one block per version, named as
-    the agreement table names them) with its rows' means, oldest protocol first."""
+    the agreement table names them) with its rows' means, oldest protocol first; a protocol
+    with tuned runs enters with its tuned ranking. When a real-photo protocol is tuned, every
+    real-photo protocol also enters at the papers' defaults, under PRETRAINED_DEFAULT (which
+    `main_blocks` leaves out of the comparison over every protocol)."""
     from harness.report.agreement import protocol_groups
     from harness.report.verdicts import pretrained
 
-    blocks = []
+    blocks, defaults = [], []
     for name, group in protocol_groups(runs, tuned=True).items():
-        started = min(r.started_at or r.finished_at or "" for r in group)
-        if any(r.tuning for r in group):
-            metric = main_metric(group)
-            _, values, _ = tuned_values(group, metric)
-            name += TUNED_BLOCK
-        else:  # as the agreement table ranks them
-            metric = main_metric(group)
-            values = per_seed(group, metric)
-        means = {row: _mean(v) for row, v in values.items() if v}
+        metric = main_metric(group)
         setting = PRETRAINED if pretrained(group) else SCRATCH
-        rope = protocol_rope(group[0].protocol.content)
-        seeds = max((len(v) for v in values.values()), default=0)
-        kept = {row: dict(v) for row, v in values.items() if v}
-        blocks.append(Block(name, metric, means, started, setting, rope, seeds, kept))
+        untuned = per_seed([r for r in group if not r.tuning], metric)
+        if any(r.tuning for r in group):
+            _, values, _ = tuned_values(group, metric)
+            blocks.append(_block(name + TUNED_BLOCK, metric, values, group, setting))
+        else:  # as the agreement table ranks them
+            blocks.append(_block(name, metric, untuned, group, setting))
+        if setting == PRETRAINED:
+            defaults.append(_block(name, metric, untuned, group, PRETRAINED_DEFAULT))
+    if any(b.setting == PRETRAINED and b.name.endswith(TUNED_BLOCK) for b in blocks):
+        blocks += defaults
     return sorted(blocks, key=lambda b: (b.started, b.name))
 
 
+def _block(name: str, metric: str, values: dict[str, dict[int, float]], group: list[RunResult],
+           setting: str) -> Block:  # fmt: skip
+    started = min(r.started_at or r.finished_at or "" for r in group)
+    means = {row: _mean(v) for row, v in values.items() if v}
+    rope = protocol_rope(group[0].protocol.content)
+    seeds = max((len(v) for v in values.values()), default=0)
+    kept = {row: dict(v) for row, v in values.items() if v}
+    return Block(name, metric, means, started, setting, rope, seeds, kept)
+
+
+def main_blocks(blocks: list[Block]) -> list[Block]:
+    """The blocks of the comparison over every protocol: one per protocol (tuned where it
+    is), the real-photo protocols' paper-default twins left out."""
+    return [b for b in blocks if b.setting != PRETRAINED_DEFAULT]
+
+
 def by_setting(blocks: list[Block]) -> dict[str, list[Block]]:
-    """The blocks of each setting (pretrained on real photos first), when both have some."""
+    """The blocks of each setting (pretrained on real photos first, then at the papers'
+    defaults when it is tuned), when both settings have some."""
     out = {s: [b for b in blocks if b.setting == s] for s in (PRETRAINED, SCRATCH)}
-    return out if all(out.values()) else {}
+    if not all(out.values()):
+        return {}
+    twins = [b for b in blocks if b.setting == PRETRAINED_DEFAULT]
+    return {PRETRAINED: out[PRETRAINED], **({PRETRAINED_DEFAULT: twins} if twins else {}),
+            SCRATCH: out[SCRATCH]}  # fmt: skip
 
 
 def setting_agreement(tests: dict[str, RankTest]) -> str:
@@ -102,6 +128,7 @@ def setting_agreement(tests: dict[str, RankTest]) -> str:
     both rank), or why it cannot be said."""
     from scipy.stats import kendalltau
 
+    tests = {s: t for s, t in tests.items() if s != PRETRAINED_DEFAULT}  # one per setting
     if len(tests) < 2:
         return ""
     (a, first), (b, second) = tests.items()

@@ -14,13 +14,25 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 
 import pandas as pd
 from tabulate import tabulate
 
 from harness.core import METHODS, benjamini_hochberg, compare, load_methods, t_interval
 from harness.records import RunResult
-from harness.report.verdicts import ALPHA, against_best, main_metric, per_seed, row_names
+from harness.report.bayes import within
+from harness.report.verdicts import (
+    ALPHA,
+    against,
+    against_best,
+    main_metric,
+    per_seed,
+    row_names,
+    untrained_row,
+    zero_shot_label,
+    zero_shot_row,
+)
 
 TUNED = "+tuned"
 
@@ -73,6 +85,16 @@ def tuned_values(
     return default, tuned, notes
 
 
+def tuned_view(runs: list[RunResult]) -> tuple[list[RunResult], dict[int, str]]:
+    """The tuned ranking's runs and their rows (run id -> row): each method's `+tuned` runs
+    named as its default row, and the default runs of a method that has no tuned runs; the
+    rule `tuned_values` applies to per-seed values, for a caller that needs the runs."""
+    names = row_names(runs)
+    tuned_rows = {names[id(r)].replace(TUNED, "", 1) for r in runs if r.tuning}
+    kept = [r for r in runs if r.tuning or names[id(r)] not in tuned_rows]
+    return kept, {id(r): names[id(r)].replace(TUNED, "", 1) for r in kept}
+
+
 def _significant_wins(values: dict[str, dict[int, float]]) -> tuple[str | None, int]:
     """The best row and how many rows it is significantly better than (the leaderboard's
     `below` marks: paired t-tests against the best, Benjamini-Hochberg adjusted)."""
@@ -99,14 +121,33 @@ def flipped_pairs(
     return len(pairs), len(flips), resolved, reversed_
 
 
+def _tuned_verdicts(runs: list[RunResult], tuned: dict[str, dict[int, float]], best: str | None
+                    ) -> dict[str, dict[str, str]]:  # fmt: skip
+    """Column -> row -> cell of the tuned ranking's verdicts beyond `vs best`: P(worse · ≈ ·
+    better) against the best tuned row; under a pretrained backbone, `vs zero-shot` and its
+    P(worse · ≈ · better) (the zero-shot row has nothing to tune: its default runs)."""
+    probs = within(tuned, best, runs, tag=", tuned")
+    zero = zero_shot_row(runs)
+    if zero is None or zero not in tuned:
+        return probs
+    out = {c: v for c, v in probs.items() if " vs best," in c}
+    out["vs zero-shot, tuned"] = against(tuned, zero, "zero-shot")
+    out.update({c: v for c, v in probs.items() if " vs best," not in c})
+    return out
+
+
 def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
     """One row per method, best tuned first: tuned and default main metric with their `vs
-    best` marks (each within its own table), how much tuning moved it, and tuned recall@1."""
+    best` marks (each within its own table), how much tuning moved it, tuned recall@1, and
+    the tuned ranking's P(worse · ≈ · better) against its best (and against zero-shot)."""
     metric = main_metric(runs)
     default, tuned, notes = tuned_values(runs, metric)
-    _, tuned_marks = against_best(tuned)
+    best, tuned_marks = against_best(tuned)
     _, default_marks = against_best(default)
+    verdicts = _tuned_verdicts(runs, tuned, best)
+    zero = zero_shot_row(runs)
     recall_default, recall_tuned, _ = tuned_values(runs, "recall@1")
+    won = default_won(runs)
     rows = []
     for name in sorted(tuned, key=lambda n: -_mean(tuned[n])):
         moved = "-"
@@ -117,14 +158,15 @@ def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
                 moved += f" [{100 * (c.difference - c.half_width):+.1f}, "
                 moved += f"{100 * (c.difference + c.half_width):+.1f}]"
         rows.append({
-            "method": name,
+            "method": zero_shot_label(name) if name == zero else name,
             f"tuned {metric} (%)": _cell(tuned[name]),
             "vs best, tuned": tuned_marks.get(name, "-"),
             "tuning moved it": moved,
             f"paper default {metric} (%)": _cell(default.get(name, {})),
             "vs best, default": default_marks.get(name, "-"),
             "tuned recall@1 (%)": _cell(recall_tuned.get(name, recall_default.get(name, {}))),
-            "notes": notes.get(name, ""),
+            **{column: cells.get(name, "-") for column, cells in verdicts.items()},
+            "notes": notes.get(name, "the paper default won its study" if name in won else ""),
         })  # fmt: skip
     frame = pd.DataFrame(rows)
     if not (frame["notes"] != "").any():
@@ -138,6 +180,41 @@ def tuned_table(runs: list[RunResult]) -> str:
                     disable_numparse=True)  # fmt: skip
 
 
+def default_won(runs: list[RunResult]) -> set[str]:
+    """The rows (default names) whose study found nothing better than its first trial, the
+    paper's configuration: their tuned runs repeat the default runs."""
+    names = row_names(runs)
+    won: dict[str, bool] = {}
+    for r in runs:
+        if r.tuning:
+            row = names[id(r)].replace(TUNED, "", 1)
+            won[row] = won.get(row, True) and r.tuning.get("best_trial") == 0
+    return {row for row, w in won.items() if w}
+
+
+def gaps(values: dict[str, dict[int, float]], rows: list[str]) -> tuple[float, float]:
+    """(best - median, best - worst) of the rows' means, in points: how far apart the methods
+    of one ranking lie."""
+    means = sorted(100 * _mean(values[n]) for n in rows)
+    return means[-1] - statistics.median(means), means[-1] - means[0]
+
+
+def _gaps_line(runs: list[RunResult], default: dict[str, dict[int, float]],
+               tuned: dict[str, dict[int, float]], ties: int, default_ties: int) -> str:  # fmt: skip
+    """The Reality Check's finding tested on one protocol: do the gaps between methods shrink
+    once every method is tuned? (The row that trained no step is not a method here.)"""
+    reference = untrained_row(runs)
+    rows = [n for n in tuned if n in default and n != reference]
+    if len(rows) < 2:
+        return "- **Gaps:** fewer than two methods to compare."
+    (median_d, worst_d), (median_t, worst_t) = gaps(default, rows), gaps(tuned, rows)
+    return (f"- **Gaps** (Musgrave et al. found published gaps shrink once every method is "
+            f"tuned): the best of {len(rows)} methods leads the median one by {median_d:.1f} "
+            f"points at the papers' defaults and by {median_t:.1f} tuned, the worst by "
+            f"{worst_d:.1f} and {worst_t:.1f}; {ties} rows are `≈ best` tuned, {default_ties} "
+            "at the defaults.")  # fmt: skip
+
+
 def tuned_section(runs: list[RunResult]) -> list[str]:
     """The markdown of one protocol's tuned comparison (empty without tuned runs)."""
     if not any(r.tuning for r in runs):
@@ -148,6 +225,7 @@ def tuned_section(runs: list[RunResult]) -> list[str]:
     best_tuned, wins_tuned = _significant_wins(tuned)
     best_default, wins_default = _significant_wins(default)
     ties = sum(m.startswith("≈") for m in against_best(tuned)[1].values())
+    default_ties = sum(m.startswith("≈") for m in against_best(default)[1].values())
     pairs, flips, resolved, reversed_ = flipped_pairs(default, tuned)
     moved = {n: compare(tuned[n], default[n]) for n in tuned if n in default and n not in notes}
     up = sum(c.p < ALPHA and c.difference > 0 for c in moved.values())
@@ -163,6 +241,7 @@ def tuned_section(runs: list[RunResult]) -> list[str]:
         f"{wins_tuned} of {len(tuned) - 1} methods and {ties} cannot be told from it; at the "
         f"papers' defaults, the best ({best_default}) was significantly better than "
         f"{wins_default} of {len(default) - 1}.",
+        _gaps_line(runs, default, tuned, ties, default_ties),
         f"- **Orderings that flipped:** {flips} of the {pairs} pairs of methods are ordered "
         f"the other way round after tuning; {len(resolved)} of those reverse an ordering the "
         f"default table resolved (paired t-tests, Benjamini-Hochberg over all pairs, 5 %), and "
@@ -174,6 +253,10 @@ def tuned_section(runs: list[RunResult]) -> list[str]:
         f"{len(moved) - up - down} within their seeds' noise; most: "
         + ", ".join(f"{n} {100 * moved[n].difference:+.1f}" for n in most) + ".",
     ]  # fmt: skip
+    won = sorted(default_won(runs))
+    if won:
+        lines.append(f"- **The paper default won its study** ({len(won)}; their tuned runs "
+                     f"repeat the default ones): {', '.join(won)}.")  # fmt: skip
     if notes:
         lines.append(f"- **Not tuned** ({len(notes)}): " + ", ".join(
             f"{n} ({why.removeprefix('not tuned: ')})" for n, why in sorted(notes.items())) + ".")  # fmt: skip

@@ -1,15 +1,16 @@
 """Equal-budget tuning on validation classes (Musgrave et al., "A Metric Learning Reality
 Check", 2020): Optuna studies (`study`), one trial's training on class folds (`trial`), the
 best configuration written where `run --tuned` reads it (`overlay`), trials as Ray tasks
-(`ray`). The test split is never embedded."""
+(`ray`), studies side by side in local processes (`processes`). The test split is never
+embedded."""
 
 from harness.tune.options import TuneOptions
 from harness.tune.overlay import OVERLAY_SCHEMA, study_figure, write_overlay
+from harness.tune.processes import tune
 from harness.tune.study import (
     default_storage,
     needs_validation,
     open_study,
-    tune,
     tune_method,
 )
 from harness.tune.trial import (

@@ -18,8 +18,10 @@ class TuneOptions:
     device: where the data and the trials run; max_steps: a cap on each trial's steps (a
     smoke study, kept apart from the full one); progress: Optuna's bar; engine: "local"
     (trials one after another here) or "ray" (trials as Ray tasks, on a cluster at
-    `address`, each with cpus_per_trial CPUs and gpus_per_trial GPUs); tracking: the tracker
-    of the study (one tracker run) and its trials (its child runs)."""
+    `address`, each with cpus_per_trial CPUs and gpus_per_trial GPUs); processes: with the
+    local engine, how many methods' studies run side by side, each in a process of its own
+    (harness.tune.processes); tracking: the tracker of the study (one tracker run) and its
+    trials (its child runs)."""
 
     folds: int = 1
     storage: str | None = None
@@ -33,4 +35,5 @@ class TuneOptions:
     address: str | None = None
     cpus_per_trial: int = 1
     gpus_per_trial: float = 0.0
+    processes: int = 1
     tracking: TrackerConfig = NO_TRACKING

@@ -181,11 +181,16 @@ def open_study(protocol: Protocol, spec: MethodSpec, options: TuneOptions) -> An
     return study
 
 
-def tune(
+def checked(
     protocol_name: str, methods: list[str], trials: int, options: TuneOptions = DEFAULT
-) -> dict[str, Path]:
-    """Tune each method with the same number of trials; returns the overlay per method."""
+) -> tuple[Protocol, Protocol]:
+    """(the protocol the studies validate under, the protocol tuned runs train under), once
+    every input is checked: bad input fails here, before any trial."""
     if options.engine == "ray":
+        if options.processes > 1:
+            raise HarnessError("--processes runs studies side by side on this machine; with "
+                               "--engine ray the trials already run as Ray tasks: drop "
+                               "--processes")  # fmt: skip
         import_ray()  # say how to install it before anything runs
     runs_under = load_protocol(protocol_name)
     protocol = tuning_view(runs_under)
@@ -193,4 +198,4 @@ def tune(
         raise HarnessError(f"--trials must be at least 1, got {trials}")
     check_protocol(protocol, methods)  # unknown names and bad values fail before any training
     check_data_root(protocol, options.data_root)  # and a missing --data-root
-    return {m: tune_method(protocol, m, trials, options, runs_under) for m in methods}
+    return protocol, runs_under

@@ -112,6 +112,23 @@ def fixed(*argv: str):
     return lambda tmp: list(argv)
 
 
+def misnamed_search(tmp: Path) -> list[str]:
+    """tune with a plugin method whose search space names a hyperparameter it lacks."""
+    from test_plugins import LOSS  # a plugin method with one hyperparameter, margin
+
+    plugin = tmp / "misnamed.py"
+    plugin.write_text(
+        LOSS.replace("NAME", "misnamed").replace('{"margin": Float', '{"margn": Float')
+    )
+    return ["tune", "--plugin", str(plugin), "--protocol", "tuning", "--method", "misnamed",
+            "--trials", "2", "--results-dir", str(tmp / "r")]  # fmt: skip
+
+
+def tuned_without_study(tmp: Path) -> list[str]:
+    return ["run", "--protocol", "tuning", "--method", "contrastive", "--tuned",
+            "--results-dir", str(tmp / "r")]  # fmt: skip
+
+
 def corrupt_results(tmp: Path) -> list[str]:
     bad = tmp / "r" / "runs" / "smoke" / "contrastive" / "seed0.json"
     bad.parent.mkdir(parents=True)
@@ -272,6 +289,10 @@ CASES = {
     "protocol seed negative": (run_with(setkey("seeds", [0, -3])), "seeds must be integers from 0"),
     "protocol seed twice": (run_with(setkey("seeds", [2, 2])), "seed 2 is listed twice"),
     "max steps zero": (fixed("run", "--all", "--max-steps", "0"), "positive integer"),
+    # tune (issue 55's bad inputs)
+    "tune trials zero": (fixed("tune", "--protocol", "tuning", "--method", "contrastive", "--trials", "0"), "expected a positive integer, got '0'"),
+    "tune search names a missing hyperparameter": (misnamed_search, "search space names 'margn', which is not one of its hyperparameters (margin)"),
+    "run tuned without a finished study": (tuned_without_study, "tune --protocol tuning --method contrastive"),
     "cuda without a GPU": (fixed("run", "--all", "--protocol", "smoke", "--device", "cuda"), "no CUDA GPU"),
     "unknown command": (fixed("trian"), "invalid choice"),
     "check update without reason": (fixed("check", "--update"), "--reason"),

@@ -129,6 +129,48 @@ def test_each_claim_gets_its_word_from_the_paired_test_adjusted_over_the_claims(
         assert row["verdict"] == f"{word} (p = {p:.2g})", row["claim"]
 
 
+def test_each_claim_is_judged_again_on_the_tuned_ranking():
+    """Tuned contrastive reaches lifted structure: the claim `lifted_structure > contrastive`
+    holds at the defaults and not tuned, and says so; every other claim is judged on the
+    default runs of its (untuned) methods, BH-adjusted over the tuned claims."""
+    tuned = [0.600, 0.628, 0.603]  # lifted - tuned contrastive: 0.000, -0.003, +0.002
+    extra = []
+    for seed, value in enumerate(tuned):
+        data = record("contrastive", seed, PRETRAINED)
+        data["metrics"] = {"recall@1": value, "map@r": value / 2}
+        data["method"]["hyperparameters"] = {"margin": 0.3}
+        data["tuning"] = {"trials": 20}
+        extra.append(RunResult.from_json(data))
+    rows = claim_rows(runs() + extra)
+    values = {**RECALL, "contrastive": tuned}
+    pairs = [[HEADS[p] if p else values[m] for m, _, p in (s.partition(" / ") for s in c)]
+             for c in CLAIMED]  # fmt: skip
+    adjusted = false_discovery_control([ttest_rel(a, b).pvalue for a, b in pairs], method="bh")
+    assert rows[0]["verdict"].startswith("holds")  # at the defaults, as before
+    assert rows[0]["tuned verdict"] == f"cannot tell (p = {adjusted[0]:.2g}); holds only untuned"
+    # mean -0.033 points, sd 0.252: ± 4.303 x 0.252 / sqrt(3) = 0.63
+    assert rows[0]["tuned: Δ recall@1"] == "-0.0 [-0.7, +0.6]"
+    for row, word, p in zip(rows[1:], WORDS[1:], adjusted[1:], strict=True):
+        assert row["tuned verdict"] == f"{word} (p = {p:.2g})", row["claim"]
+    assert "tuned verdict" not in claim_rows(runs())[0]  # no tuned runs: no tuned columns
+
+
+def test_a_claim_that_holds_only_once_tuned_says_so():
+    """Tuned pddm_quadruplet clears lifted structure (+0.100, +0.105, +0.107): `cannot tell`
+    at the defaults, `holds` tuned."""
+    extra = []
+    for seed, value in enumerate([0.700, 0.730, 0.712]):
+        data = record("pddm_quadruplet", seed, PRETRAINED)
+        data["metrics"] = {"recall@1": value, "map@r": value / 2}
+        data["tuning"] = {"trials": 20}
+        extra.append(RunResult.from_json(data))
+    row = claim_rows(runs() + extra)[2]
+    assert row["claim"] == "pddm_quadruplet > lifted_structure"
+    assert row["verdict"].startswith("cannot tell")
+    assert row["tuned verdict"].startswith("holds (p = ")
+    assert row["tuned verdict"].endswith("; holds only tuned")
+
+
 def test_ours_is_the_paired_difference_with_its_t_interval_in_points():
     row = claim_rows(runs())[0]  # lifted - contrastive: 0.100, 0.105, 0.095
     # mean 10.0 points, sd 0.5, t(0.975, 2) = 4.303: ± 4.303 x 0.5 / sqrt(3) = 1.24

@@ -24,6 +24,7 @@ from harness.report.glance import draw_glance, glance_section
 from harness.report.leaderboard import leaderboard_frame
 from harness.report.ranks import (
     PRETRAINED,
+    PRETRAINED_DEFAULT,
     SCRATCH,
     Block,
     average_ranks,
@@ -33,6 +34,7 @@ from harness.report.ranks import (
     caption,
     cd_drawing,
     critical_difference,
+    main_blocks,
     neighbour_taus,
     protocol_blocks,
     rank_test,
@@ -41,6 +43,7 @@ from harness.report.ranks import (
 from harness.report.tuned import tuned_frame
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
+FIRST_SCREEN = 60  # README lines
 
 
 def _blocks(table: dict[str, dict[str, float]]) -> list[Block]:
@@ -139,6 +142,52 @@ def test_each_setting_gets_its_own_diagram_and_bump_chart_and_one_agreement_line
     assert _setting_figures(blocks[:2], tmp_path) == []
 
 
+def test_a_tuned_real_photo_setting_is_also_compared_at_the_papers_defaults():
+    """Two real-photo protocols, one with tuned runs, and two from scratch: the tuned ranking
+    stands for the tuned one in the comparison over every protocol and in its setting; every
+    real-photo protocol also enters at the papers' defaults, as a setting of its own."""
+    from harness.records import RunResult
+    from harness.report.ranks import (
+        PRETRAINED,
+        PRETRAINED_DEFAULT,
+        SCRATCH,
+        by_setting,
+        main_blocks,
+    )
+
+    default = {"A": 0.50, "B": 0.40, "C": 0.30, "D": 0.20}
+    tuned = {"A": 0.40, "B": 0.45, "C": 0.50, "D": 0.55}  # tuning reverses the order
+
+    def run(protocol, method, seed, value, tuning=False, photos=True):
+        record = {
+            "schema": 2, "status": "ok", "seed": seed, "started_at": f"2026-01-0{seed + 1}",
+            "protocol": {"name": protocol, "version": 1, "hash": protocol, "content": {
+                "backbone": {"pretrained": "imagenet" if photos else "none"}}},
+            "method": {"name": method, "version": 1, "hyperparameters": {"t": tuning}},
+            "training": {"max_steps": None, "steps": 10}, "metrics": {"map@r": value + seed / 1000},
+        }  # fmt: skip
+        if tuning:
+            record["tuning"] = {"trials": 20}
+        return RunResult.from_json(record)
+
+    runs = [run(p, m, s, v, photos=p.startswith("p")) for p in ("p1", "p2", "s1", "s2")
+            for m, v in default.items() for s in range(3)]  # fmt: skip
+    runs += [run("p1", m, s, v, tuning=True) for m, v in tuned.items() for s in range(3)]
+    blocks = protocol_blocks(runs)
+    settings = {b.name + "|" + b.setting for b in blocks}
+    assert settings == {f"p1 (tuned)|{PRETRAINED}", f"p2|{PRETRAINED}", f"s1|{SCRATCH}",
+                        f"s2|{SCRATCH}", f"p1|{PRETRAINED_DEFAULT}", f"p2|{PRETRAINED_DEFAULT}"}  # fmt: skip
+    twin = next(b for b in blocks if b.setting == PRETRAINED_DEFAULT and b.name == "p1")
+    assert twin.means["A"] == pytest.approx(0.501) and twin.means["D"] == pytest.approx(0.201)
+    assert {b.name for b in main_blocks(blocks)} == {"p1 (tuned)", "p2", "s1", "s2"}
+    groups = by_setting(blocks)
+    assert list(groups) == [PRETRAINED, PRETRAINED_DEFAULT, SCRATCH]
+    assert [b.name for b in groups[PRETRAINED_DEFAULT]] == ["p1", "p2"]
+    # without tuned real-photo runs, no twins
+    assert all(b.setting != PRETRAINED_DEFAULT for b in protocol_blocks(
+        [r for r in runs if not r.tuning]))  # fmt: skip
+
+
 # ----------------------------------------------------------- against the committed tables
 
 
@@ -209,10 +258,15 @@ def test_protocols_sharing_too_few_methods_get_no_tau_and_no_scipy_warning():
 
 def test_the_committed_blocks_and_taus_are_the_agreement_tables(committed):
     runs = [r for g in committed.values() for r in g]
-    blocks = protocol_blocks(runs)
-    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", "cars",
-                                        "groceries", "birds"]  # fmt: skip
+    every = protocol_blocks(runs)
+    blocks = main_blocks(every)
+    photos = ["cars", "groceries", "birds"]
+    tuned_photos = [p + (" (tuned)" if any(r.tuning for r in committed[p]) else "") for p in photos]
+    assert [b.name for b in blocks] == ["default", "omniglot", "tuning (tuned)", *tuned_photos]
     assert [b.setting for b in blocks] == [SCRATCH] * 3 + [PRETRAINED] * 3
+    # with a tuned real-photo protocol, each real-photo protocol also at the papers' defaults
+    twins = [b.name for b in every if b.setting == PRETRAINED_DEFAULT]
+    assert twins == (photos if tuned_photos != photos else [])
     plain = {r["protocols"].split(" (")[0] + "|" + r["protocols"].split(" vs ")[1].split(" (")[0]:
              r["Kendall's tau"] for r in agreement_rows(protocol_groups(runs))}  # fmt: skip
     a, b, tau, _, n = neighbour_taus(blocks)[0]
@@ -293,7 +347,10 @@ def test_the_leaderboard_section_links_every_figure(committed, tmp_path):
                           "dumbbell_tuning.png", "forest_cars.png", "forest_groceries.png",
                           "cd_diagram_pretrained.png", "ranks_bump_pretrained.png",
                           "cd_diagram_scratch.png", "ranks_bump_scratch.png", "equivalence.png",
-                          "equivalence_pretrained.png", "equivalence_scratch.png"}  # fmt: skip
+                          "equivalence_pretrained.png", "equivalence_scratch.png",
+                          "dumbbell_cars.png", "dumbbell_groceries.png",
+                          "cd_diagram_pretrained_default.png", "ranks_bump_pretrained_default.png",
+                          "equivalence_pretrained_default.png"}  # fmt: skip
     assert section.index("cd_diagram.png") < section.index("equivalence.png")
     assert section.index("equivalence.png") < section.index("ranks_bump.png")
     assert section.index("cd_diagram_pretrained.png") < section.index("cd_diagram_scratch.png")
@@ -334,6 +391,24 @@ def test_the_readme_shows_the_committed_glance(committed):
     tuned = forest(committed["tuning"], "tuning")
     tied = sum(r.mark.startswith("≈") for r in tuned.rows)
     assert f"{tuned.rows[0].name} leads, and the {tied} shaded methods" in whole
+
+
+def test_the_readme_and_leaderboard_give_the_committed_tuned_photo_verdict(committed):
+    """The tuned real-photo verdict (harness.report.tuned_verdict) is on the README's first
+    screen and in the leaderboard, as the committed runs give it, and it covers every
+    pretrained protocol with tuned runs (and no other)."""
+    from harness.report.tuned_verdict import tuned_verdict
+    from harness.report.verdicts import pretrained
+
+    runs = [r for g in committed.values() for r in g]
+    text = tuned_verdict(protocol_groups(runs, tuned=True))
+    for name, group in committed.items():
+        tuned = pretrained(group) and any(r.tuning for r in group)
+        assert (f"on {name}, " in text) == tuned, name
+    readme = (REFERENCE.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert text in " ".join("\n".join(readme.split("\n")[:FIRST_SCREEN]).split())
+    leaderboard = (REFERENCE / "LEADERBOARD.md").read_text(encoding="utf-8")
+    assert text in leaderboard
 
 
 DRAW = """

@@ -195,3 +195,39 @@ def test_a_trial_is_not_pruned_before_half_its_epochs(name, warmup):
         verdicts.append(slow.should_prune())
     # kept until the warm-up's last epoch (optuna prunes from step n_warmup_steps on), then stopped
     assert verdicts == [False] * (warmup - 1) + [True] * (epochs - warmup + 1)
+
+
+def trial_values(results: Path, protocol: str) -> dict[str, list[float]]:
+    """Each study's finished trial values, by method, in trial order."""
+    import optuna
+
+    storage = harness.tune.default_storage(results, protocol)
+    out = {}
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        out[summary.study_name.split("/")[1]] = [t.value for t in study.trials]
+    return out
+
+
+@pytest.mark.slow
+def test_studies_in_processes_find_what_one_process_finds(learning_val, tmp_path, capsys):
+    """--processes 2 runs the two studies side by side in spawned processes of one thread
+    each: the same trial values, bit for bit, and the same overlays, as one process."""
+    found = {}
+    for processes in ("1", "2"):
+        results = tmp_path / processes
+        assert main(["tune", "--protocol", learning_val, "--method", "contrastive,triplet",
+                     "--trials", "3", "--max-steps", "4", "--processes", processes,
+                     "--results-dir", str(results)]) == 0  # fmt: skip
+        found[processes] = trial_values(results, "learning_val")
+        for name in ("contrastive", "triplet"):
+            overlay = results / "tuning/learning_val" / f"{name}.max_steps4.yaml"
+            assert yaml.safe_load(overlay.read_text())["study"]["trials"] == 3
+    assert sorted(found["2"]) == ["contrastive@v2", "triplet@v1"], found
+    assert found["1"] == found["2"] and all(len(v) == 3 for v in found["2"].values())
+    out = capsys.readouterr().out
+    assert "contrastive: study done" in out and "triplet: study done" in out
+    assert main(["tune", "--protocol", learning_val, "--method", "contrastive,triplet",
+                 "--trials", "3", "--processes", "2", "--engine", "ray",
+                 "--results-dir", str(tmp_path / "ray")]) == 2  # fmt: skip
+    assert "drop --processes" in capsys.readouterr().err
