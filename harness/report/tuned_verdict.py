@@ -6,6 +6,7 @@ README's first screen quotes it; both come from this one computation (a test che
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from harness.records import RunResult
@@ -50,7 +51,11 @@ def protocol_verdict(name: str, runs: list[RunResult]) -> ProtocolVerdict | None
     pairs, flips, resolved, reversed_ = flipped_pairs(default, tuned)
     reference = untrained_row(runs)
     rows = [n for n in tuned if n in default and n != reference]
-    (gap_default, _), (gap_tuned, _) = gaps(default, rows), gaps(tuned, rows)
+    # gaps need two methods with runs both ways (a protocol tuned before its defaults ran has none)
+    nan = (math.nan, math.nan)
+    (gap_default, _), (gap_tuned, _) = (
+        (gaps(default, rows), gaps(tuned, rows)) if len(rows) > 1 else (nan, nan)
+    )
     rows = [r for r in claim_rows(runs) if "tuned verdict" in r]
     untuned = [r["claim"] for r in rows if r["tuned verdict"].endswith("holds only untuned")]
     tuned_only = [r["claim"] for r in rows if r["tuned verdict"].endswith("holds only tuned")]
@@ -84,17 +89,26 @@ def tuned_verdict(groups: dict[str, list[RunResult]]) -> str:
     flips = ", ".join(f"{v.flips} of {v.pairs} pairs on {v.name} ({v.resolved_flips} resolved "
                       f"at the defaults, {v.reversed_flips} of them resolved the other way "
                       "tuned)" for v in verdicts)  # fmt: skip
-    shrink = sum(v.gap_tuned < v.gap_default for v in verdicts)
-    gap = ", ".join(f"from {v.gap_default:.1f} to {v.gap_tuned:.1f} points on {v.name}"
-                    for v in verdicts)  # fmt: skip
+    gap = _gaps([v for v in verdicts if not math.isnan(v.gap_default)])
     claims = _claims(verdicts)
     return (
         f"Tuned, each method with the same {budget} Optuna trials on validation classes (the "
         f"first its paper default), then {seeds} seeds on the test classes: {leads}. Tuning "
-        f"flipped the ordering of {flips}. The Reality Check's finding, that gaps shrink once every "
-        f"method is tuned, holds on {shrink} of {len(verdicts)}: the best method's lead over "
-        f"the median one goes {gap}. {claims}"
+        f"flipped the ordering of {flips}.{gap} {claims}"
     )  # fmt: skip
+
+
+def _gaps(verdicts: list[ProtocolVerdict]) -> str:
+    """The sentence on the Reality Check's finding (empty when no protocol has two methods
+    with runs at the defaults and tuned)."""
+    if not verdicts:
+        return ""
+    shrink = sum(v.gap_tuned < v.gap_default for v in verdicts)
+    gap = ", ".join(f"from {v.gap_default:.1f} to {v.gap_tuned:.1f} points on {v.name}"
+                    for v in verdicts)  # fmt: skip
+    return (f" The Reality Check's finding, that gaps shrink once every method is tuned, holds "
+            f"on {shrink} of {len(verdicts)}: the best method's lead over the median one goes "
+            f"{gap}.")  # fmt: skip
 
 
 def _claims(verdicts: list[ProtocolVerdict]) -> str:

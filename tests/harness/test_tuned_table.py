@@ -178,6 +178,8 @@ def test_the_tuned_photo_verdict_quotes_the_hand_worked_numbers():
         "seed-paper claim gets the same verdict tuned as at the defaults."
     )
     assert tuned_verdict({"p": [r for r in pretrained if not r.tuning]}) == ""
+    only_tuned = tuned_verdict({"p": [r for r in pretrained if r.tuning]})  # no defaults ran
+    assert "on p, b leads (41.0 MAP@R)" in only_tuned and "gaps shrink" not in only_tuned
     assert tuned_verdict({"q": runs("q")}) == ""  # random weights: not a photo verdict
 
 
