@@ -528,9 +528,9 @@ def write_leaderboard(results_dir: Path, reference: Path | None = None) -> Path:
     rendered = render(runs)
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
     posteriors = cache_for(Path(results_dir))  # the hierarchical model's, kept between runs
+    groups = protocol_groups(runs, tuned=True)
     text = (head + glance_section(runs, Path(results_dir), posteriors)
-            + tuned_verdict_section(protocol_groups(runs, tuned=True))
-            + claims_across_section(protocol_groups(runs, tuned=True)) + sep + tables
+            + tuned_verdict_section(groups) + claims_across_section(groups) + sep + tables
             + agreement_section(runs) + equivalence_section(protocol_blocks(runs), posteriors)
             + reference_section(Path(results_dir), runs) + beside
             + training_figures(Path(results_dir)) + tuning_section(Path(results_dir))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from dataclasses import dataclass
 
 import pandas as pd
 from tabulate import tabulate
@@ -61,45 +62,42 @@ def _why_untuned(method: str) -> str:
     return "not tuned yet"
 
 
+def tuned_view(runs: list[RunResult]) -> tuple[list[RunResult], dict[int, str]]:
+    """The tuned ranking's runs and their rows (run id -> row, the default row's name): each
+    method's `+tuned` runs where at least one finished, else its default runs. The one rule
+    every tuned figure, table and claim applies."""
+    names = row_names(runs)
+    row = {id(r): names[id(r)].replace(TUNED, "", 1) for r in runs}
+    tuned_rows = {row[id(r)] for r in runs if r.tuning and r.ok}
+    kept = [
+        r for r in runs if (r.tuning and r.ok) or (not r.tuning and row[id(r)] not in tuned_rows)
+    ]
+    return kept, {id(r): row[id(r)] for r in kept}
+
+
 def tuned_values(
     runs: list[RunResult], metric: str
 ) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]], dict[str, str]]:
-    """(default, tuned, notes): each method's per-seed values at its paper defaults and tuned,
-    keyed by the default row's name. A method without tuned runs gets its default values in
-    `tuned` too, and a note saying why it was not tuned."""
+    """(default, tuned, notes): each method's per-seed values at its paper defaults and in
+    the tuned ranking (`tuned_view`), keyed by the default row's name, and for each row that
+    ranks with its default values, or has no default ones, a note saying why."""
     values = per_seed(runs, metric)
-    names = row_names(runs)
-    method_of = {names[id(r)]: r.method.name for r in runs}
     default = {n: v for n, v in values.items() if TUNED not in n}
-    tuned_runs = {n.replace(TUNED, "", 1): v for n, v in values.items() if TUNED in n}
-    tuned: dict[str, dict[int, float]] = {}
-    notes: dict[str, str] = {}
-    for name in sorted(set(default) | set(tuned_runs)):
-        if name in tuned_runs:
-            tuned[name] = tuned_runs[name]
-            if name not in default:
-                notes[name] = "no paper-default runs"
-        else:
-            tuned[name] = default[name]
+    kept, rows = tuned_view(runs)
+    ranked: dict[str, dict[int, float]] = {}
+    for r in kept:
+        if r.ok and metric in (r.metrics or {}):
+            ranked.setdefault(rows[id(r)], {})[r.seed] = float(r.metrics[metric])
+    method_of = {rows[id(r)]: r.method.name for r in kept}
+    tuned_rows = {rows[id(r)] for r in kept if r.tuning}
+    tuned, notes = {}, {}
+    for name in sorted(ranked):
+        tuned[name] = ranked[name]
+        if name not in tuned_rows:
             notes[name] = _why_untuned(method_of[name])
+        elif name not in default:
+            notes[name] = "no paper-default runs"
     return default, tuned, notes
-
-
-def tuned_view(runs: list[RunResult]) -> tuple[list[RunResult], dict[int, str]]:
-    """The tuned ranking's runs and their rows (run id -> row): each method's `+tuned` runs
-    named as its default row, and the default runs of a method that has no tuned runs; the
-    rule `tuned_values` applies to per-seed values, for a caller that needs the runs."""
-    names = row_names(runs)
-    tuned_rows = {names[id(r)].replace(TUNED, "", 1) for r in runs if r.tuning}
-    kept = [r for r in runs if r.tuning or names[id(r)] not in tuned_rows]
-    return kept, {id(r): names[id(r)].replace(TUNED, "", 1) for r in kept}
-
-
-def _significant_wins(values: dict[str, dict[int, float]]) -> tuple[str | None, int]:
-    """The best row and how many rows it is significantly better than (the leaderboard's
-    `below` marks: paired t-tests against the best, Benjamini-Hochberg adjusted)."""
-    best, marks = against_best(values)
-    return best, sum(mark.startswith("below") for mark in marks.values())
 
 
 def flipped_pairs(
@@ -121,6 +119,53 @@ def flipped_pairs(
     return len(pairs), len(flips), resolved, reversed_
 
 
+@dataclass(frozen=True)
+class TunedSummary:
+    """One protocol's tuned comparison, computed once for its table, its section and the
+    tuned verdict: the per-seed values both ways, the `vs best` marks of each table and the
+    orderings tuning flipped (see `flipped_pairs`)."""
+
+    metric: str
+    default: dict[str, dict[int, float]]
+    tuned: dict[str, dict[int, float]]
+    notes: dict[str, str]
+    best: str | None  # of the tuned ranking
+    marks: dict[str, str]
+    best_default: str | None
+    default_marks: dict[str, str]
+    pairs: int
+    flips: int
+    resolved: list[tuple[str, str]]
+    reversed_: list[tuple[str, str]]
+
+    @property
+    def ties(self) -> list[str]:
+        """The tuned rows that cannot be told from the best, best first."""
+        tied = (n for n, m in self.marks.items() if m.startswith("≈"))
+        return sorted(tied, key=lambda n: -_mean(self.tuned[n]))
+
+    @property
+    def default_ties(self) -> int:
+        return sum(m.startswith("≈") for m in self.default_marks.values())
+
+    def wins(self, tuned: bool = True) -> int:
+        """How many rows the best is significantly better than, tuned or at the defaults."""
+        return sum(
+            m.startswith("below") for m in (self.marks if tuned else self.default_marks).values()
+        )
+
+
+def tuned_summary(runs: list[RunResult]) -> TunedSummary:
+    """The protocol's TunedSummary on its main metric."""
+    metric = main_metric(runs)
+    default, tuned, notes = tuned_values(runs, metric)
+    best, marks = against_best(tuned)
+    best_default, default_marks = against_best(default)
+    pairs, flips, resolved, reversed_ = flipped_pairs(default, tuned)
+    return TunedSummary(metric, default, tuned, notes, best, marks, best_default, default_marks,
+                        pairs, flips, resolved, reversed_)  # fmt: skip
+
+
 def _tuned_verdicts(runs: list[RunResult], tuned: dict[str, dict[int, float]], best: str | None
                     ) -> dict[str, dict[str, str]]:  # fmt: skip
     """Column -> row -> cell of the tuned ranking's verdicts beyond `vs best`: P(worse · ≈ ·
@@ -140,11 +185,13 @@ def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
     """One row per method, best tuned first: tuned and default main metric with their `vs
     best` marks (each within its own table), how much tuning moved it, tuned recall@1, and
     the tuned ranking's P(worse · ≈ · better) against its best (and against zero-shot)."""
-    metric = main_metric(runs)
-    default, tuned, notes = tuned_values(runs, metric)
-    best, tuned_marks = against_best(tuned)
-    _, default_marks = against_best(default)
-    verdicts = _tuned_verdicts(runs, tuned, best)
+    return _frame(runs, tuned_summary(runs))
+
+
+def _frame(runs: list[RunResult], s: TunedSummary) -> pd.DataFrame:
+    metric, default, tuned, notes = s.metric, s.default, s.tuned, s.notes
+    tuned_marks, default_marks = s.marks, s.default_marks
+    verdicts = _tuned_verdicts(runs, tuned, s.best)
     zero = zero_shot_row(runs)
     recall_default, recall_tuned, _ = tuned_values(runs, "recall@1")
     won = default_won(runs)
@@ -176,7 +223,11 @@ def tuned_frame(runs: list[RunResult]) -> pd.DataFrame:
 
 def tuned_table(runs: list[RunResult]) -> str:
     """tuned_frame as a GitHub markdown table (the leaderboard's, and the README's copy)."""
-    return tabulate(tuned_frame(runs), headers="keys", tablefmt="github", showindex=False,
+    return _table(tuned_frame(runs))
+
+
+def _table(frame: pd.DataFrame) -> str:
+    return tabulate(frame, headers="keys", tablefmt="github", showindex=False,
                     disable_numparse=True)  # fmt: skip
 
 
@@ -199,49 +250,50 @@ def gaps(values: dict[str, dict[int, float]], rows: list[str]) -> tuple[float, f
     return means[-1] - statistics.median(means), means[-1] - means[0]
 
 
-def _gaps_line(runs: list[RunResult], default: dict[str, dict[int, float]],
-               tuned: dict[str, dict[int, float]], ties: int, default_ties: int) -> str:  # fmt: skip
-    """The Reality Check's finding tested on one protocol: do the gaps between methods shrink
-    once every method is tuned? (The row that trained no step is not a method here.)"""
+def gap_rows(runs: list[RunResult], s: TunedSummary) -> list[str]:
+    """The rows whose gaps are compared: methods with runs both ways (the row that trained no
+    step is not a method here)."""
     reference = untrained_row(runs)
-    rows = [n for n in tuned if n in default and n != reference]
+    return [n for n in s.tuned if n in s.default and n != reference]
+
+
+def _gaps_line(runs: list[RunResult], s: TunedSummary) -> str:
+    """The Reality Check's finding tested on one protocol: do the gaps between methods shrink
+    once every method is tuned?"""
+    rows = gap_rows(runs, s)
     if len(rows) < 2:
         return "- **Gaps:** fewer than two methods to compare."
-    (median_d, worst_d), (median_t, worst_t) = gaps(default, rows), gaps(tuned, rows)
+    (median_d, worst_d), (median_t, worst_t) = gaps(s.default, rows), gaps(s.tuned, rows)
     return (f"- **Gaps** (Musgrave et al. found published gaps shrink once every method is "
             f"tuned): the best of {len(rows)} methods leads the median one by {median_d:.1f} "
             f"points at the papers' defaults and by {median_t:.1f} tuned, the worst by "
-            f"{worst_d:.1f} and {worst_t:.1f}; {ties} rows are `≈ best` tuned, {default_ties} "
-            "at the defaults.")  # fmt: skip
+            f"{worst_d:.1f} and {worst_t:.1f}; {len(s.ties)} rows are `≈ best` tuned, "
+            f"{s.default_ties} at the defaults.")  # fmt: skip
 
 
 def tuned_section(runs: list[RunResult]) -> list[str]:
     """The markdown of one protocol's tuned comparison (empty without tuned runs)."""
     if not any(r.tuning for r in runs):
         return []
-    metric = main_metric(runs)
-    default, tuned, notes = tuned_values(runs, metric)
-    table = tuned_table(runs)
-    best_tuned, wins_tuned = _significant_wins(tuned)
-    best_default, wins_default = _significant_wins(default)
-    ties = sum(m.startswith("≈") for m in against_best(tuned)[1].values())
-    default_ties = sum(m.startswith("≈") for m in against_best(default)[1].values())
-    pairs, flips, resolved, reversed_ = flipped_pairs(default, tuned)
+    s = tuned_summary(runs)
+    metric, default, tuned, notes = s.metric, s.default, s.tuned, s.notes
+    table = _table(_frame(runs, s))
     moved = {n: compare(tuned[n], default[n]) for n in tuned if n in default and n not in notes}
     up = sum(c.p < ALPHA and c.difference > 0 for c in moved.values())
     down = sum(c.p < ALPHA and c.difference < 0 for c in moved.values())
     most = sorted(moved, key=lambda n: -abs(moved[n].difference))[:3]
+    pairs, flips, resolved, reversed_ = s.pairs, s.flips, s.resolved, s.reversed_
     lines = [
         f"### Tuned against paper defaults ({metric})", "",
         "Each method's `+tuned` runs use the configuration `tune` found on validation "
         "classes with the same budget as every other method (see Tuning); `tuning moved it` "
         "is tuned − default with its 95 % interval over the seeds both ran. `vs best` is "
         "tested within each column's own table.", "", table, "",
-        f"- **How sure:** tuned, the best ({best_tuned}) is significantly better than "
-        f"{wins_tuned} of {len(tuned) - 1} methods and {ties} cannot be told from it; at the "
-        f"papers' defaults, the best ({best_default}) was significantly better than "
-        f"{wins_default} of {len(default) - 1}.",
-        _gaps_line(runs, default, tuned, ties, default_ties),
+        f"- **How sure:** tuned, the best ({s.best}) is significantly better than "
+        f"{s.wins()} of {len(tuned) - 1} methods and {len(s.ties)} cannot be told from it; at "
+        f"the papers' defaults, the best ({s.best_default}) was significantly better than "
+        f"{s.wins(tuned=False)} of {len(default) - 1}.",
+        _gaps_line(runs, s),
         f"- **Orderings that flipped:** {flips} of the {pairs} pairs of methods are ordered "
         f"the other way round after tuning; {len(resolved)} of those reverse an ordering the "
         f"default table resolved (paired t-tests, Benjamini-Hochberg over all pairs, 5 %), and "

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from harness.records import RunResult
 from harness.report.claims import claim_rows
-from harness.report.tuned import _mean, flipped_pairs, gaps, tuned_values
-from harness.report.verdicts import against_best, main_metric, pretrained, untrained_row
+from harness.report.tuned import _mean, gap_rows, gaps, tuned_summary
+from harness.report.verdicts import pretrained
 
 SHOWN = 4  # tied names listed per protocol; the rest are counted
 
@@ -42,26 +42,19 @@ def protocol_verdict(name: str, runs: list[RunResult]) -> ProtocolVerdict | None
     """The tuned verdict of one protocol; None without tuned runs or under random weights."""
     if not runs or not pretrained(runs) or not any(r.tuning for r in runs):
         return None
-    metric = main_metric(runs)
-    default, tuned, _ = tuned_values(runs, metric)
-    best, marks = against_best(tuned)
-    ties = sorted(
-        (n for n, m in marks.items() if m.startswith("≈")), key=lambda n: -_mean(tuned[n])
-    )
-    pairs, flips, resolved, reversed_ = flipped_pairs(default, tuned)
-    reference = untrained_row(runs)
-    rows = [n for n in tuned if n in default and n != reference]
+    s = tuned_summary(runs)
+    rows = gap_rows(runs, s)
     # gaps need two methods with runs both ways (a protocol tuned before its defaults ran has none)
     nan = (math.nan, math.nan)
     (gap_default, _), (gap_tuned, _) = (
-        (gaps(default, rows), gaps(tuned, rows)) if len(rows) > 1 else (nan, nan)
+        (gaps(s.default, rows), gaps(s.tuned, rows)) if len(rows) > 1 else (nan, nan)
     )
-    rows = [r for r in claim_rows(runs) if "tuned verdict" in r]
-    untuned = [r["claim"] for r in rows if r["tuned verdict"].endswith("holds only untuned")]
-    tuned_only = [r["claim"] for r in rows if r["tuned verdict"].endswith("holds only tuned")]
+    judged = [r for r in claim_rows(runs) if "tuned verdict" in r]
+    untuned = [r["claim"] for r in judged if r["tuned verdict"].endswith("holds only untuned")]
+    tuned_only = [r["claim"] for r in judged if r["tuned verdict"].endswith("holds only tuned")]
     return ProtocolVerdict(
-        name, metric, str(best), 100 * _mean(tuned[str(best)]), ties, pairs, flips,
-        len(resolved), len(reversed_), gap_default, gap_tuned,
+        name, s.metric, str(s.best), 100 * _mean(s.tuned[str(s.best)]), s.ties, s.pairs, s.flips,
+        len(s.resolved), len(s.reversed_), gap_default, gap_tuned,
         {int(r.tuning["trials"]) for r in runs if r.tuning and "trials" in r.tuning},
         len({r.seed for r in runs if r.tuning}), untuned, tuned_only,
     )  # fmt: skip

@@ -53,6 +53,25 @@ def test_each_method_is_paired_with_its_tuned_runs_and_an_untuned_one_stands_in(
     assert tuned["c"] == default["c"] and notes == {"c": "not tuned yet"}  # c is not registered
 
 
+def test_a_method_whose_tuned_runs_all_failed_ranks_with_its_defaults_and_so_do_its_claims():
+    """One rule (tuned_view) for the tuned table, figures and claims: `b`'s tuned runs all
+    failed, so `b` ranks with its default runs, as if never tuned, in values and in runs."""
+    from harness.report.tuned import tuned_view
+
+    failed = [r for r in runs() if not (r.tuning and r.method.name == "b")]
+    failed += [RunResult.from_json({**result("b", s, 0.0, True).to_json(), "status": "failed"})
+               for s in range(3)]  # fmt: skip
+    default, tuned, notes = tuned_values(failed, "map@r")
+    assert tuned["b"] == default["b"] == {0: 0.20, 1: 0.22, 2: 0.21}
+    assert notes == {"b": "not tuned yet", "c": "not tuned yet"}
+    kept, rows = tuned_view(failed)
+    assert sorted((rows[id(r)], r.seed, bool(r.tuning)) for r in kept if rows[id(r)] == "b") == [
+        ("b", 0, False),
+        ("b", 1, False),
+        ("b", 2, False),
+    ]
+
+
 def test_the_table_ranks_by_tuned_value_and_says_how_far_tuning_moved_each():
     frame = tuned_frame(runs())
     rows = {row["method"]: row for row in frame.to_dict("records")}
