@@ -154,6 +154,13 @@ class TunedSummary:
             m.startswith("below") for m in (self.marks if tuned else self.default_marks).values()
         )
 
+    def gaps(self, rows: list[str]) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """((best - median, best - worst) at the defaults, the same tuned) over `rows`, in
+        points; None with fewer than two rows (no gap to compare)."""
+        if len(rows) < 2:
+            return None
+        return gaps(self.default, rows), gaps(self.tuned, rows)
+
 
 def tuned_summary(runs: list[RunResult]) -> TunedSummary:
     """The protocol's TunedSummary on its main metric."""
@@ -261,9 +268,10 @@ def _gaps_line(runs: list[RunResult], s: TunedSummary) -> str:
     """The Reality Check's finding tested on one protocol: do the gaps between methods shrink
     once every method is tuned?"""
     rows = gap_rows(runs, s)
-    if len(rows) < 2:
+    both = s.gaps(rows)
+    if both is None:
         return "- **Gaps:** fewer than two methods to compare."
-    (median_d, worst_d), (median_t, worst_t) = gaps(s.default, rows), gaps(s.tuned, rows)
+    (median_d, worst_d), (median_t, worst_t) = both
     return (f"- **Gaps** (Musgrave et al. found published gaps shrink once every method is "
             f"tuned): the best of {len(rows)} methods leads the median one by {median_d:.1f} "
             f"points at the papers' defaults and by {median_t:.1f} tuned, the worst by "

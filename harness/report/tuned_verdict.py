@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from harness.records import RunResult
 from harness.report.claims import claim_rows
-from harness.report.tuned import _mean, gap_rows, gaps, tuned_summary
+from harness.report.tuned import _mean, gap_rows, tuned_summary
 from harness.report.verdicts import pretrained
 
 SHOWN = 4  # tied names listed per protocol; the rest are counted
@@ -43,12 +43,9 @@ def protocol_verdict(name: str, runs: list[RunResult]) -> ProtocolVerdict | None
     if not runs or not pretrained(runs) or not any(r.tuning for r in runs):
         return None
     s = tuned_summary(runs)
-    rows = gap_rows(runs, s)
     # gaps need two methods with runs both ways (a protocol tuned before its defaults ran has none)
-    nan = (math.nan, math.nan)
-    (gap_default, _), (gap_tuned, _) = (
-        (gaps(s.default, rows), gaps(s.tuned, rows)) if len(rows) > 1 else (nan, nan)
-    )
+    both = s.gaps(gap_rows(runs, s))
+    (gap_default, _), (gap_tuned, _) = both or ((math.nan, math.nan), (math.nan, math.nan))
     judged = [r for r in claim_rows(runs) if "tuned verdict" in r]
     untuned = [r["claim"] for r in judged if r["tuned verdict"].endswith("holds only untuned")]
     tuned_only = [r["claim"] for r in judged if r["tuned verdict"].endswith("holds only tuned")]
