@@ -4,8 +4,9 @@ their container.
 Each dataset's identity is a manifest shipped in the package (`manifests/<name>.manifest.csv.gz`,
 the rows of the dataset's `<name>.sources.csv.gz` sorted by file, its columns reordered):
 every file's path in the dataset, its source in a public GitHub repository at a pinned commit,
-the rule that derives it from the source and the sha256 of the result. A few files the
-dataset's builder wrote (a labels table, a licence) ship whole in `manifests/<name>.extra.zip`.
+the rule that derives it from the source and the sha256 of the result. The published zips
+also hold a labels table their builder wrote (`<name>/manifest.csv`): accepted beside the
+dataset's files, never required, never read (`PhotoSet.beside`).
 
 The data is accepted by content wherever it is: the published zip, any zip of the same files
 (for example one made with `zip -r`), or the extracted folder. Verifying hashes every file
@@ -27,7 +28,7 @@ import json
 import os
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class PhotoSet:
     commit: str
     terms: str
     size: str  # what a user downloads and keeps
+    beside: tuple[str, ...] = ()  # files a published zip holds beyond the dataset's: accepted
 
     @property
     def archive_url(self) -> str:
@@ -87,11 +89,13 @@ SETS = {
                  "fmejbah/car_dataset1", "2ac6920297f51277ac4e24afd231c46d35077831",
                  "Stanford Cars' (Krause et al., 2013): no licence was published; treat as "
                  "non-commercial research use only, images owned by their copyright holders",
-                 "the repository's whole archive (about 160 MB with the groceries'); 72 MB kept"),
+                 "the repository's whole archive (about 160 MB with the groceries'); 72 MB kept",
+                 ("cars196_mini/manifest.csv",)),
         PhotoSet("grocery_store_mini", "679f15ca4daa8b2bbd7733bedd5290e8982fab3b6c80a9261f4842b279adba75",
                  "marcusklasson/GroceryStoreDataset", "fc80ba90f803d79d0383df52c5a4ac5de99ff6fc",
                  "MIT (Klasson et al., WACV 2019): keep the copyright notice and licence",
-                 "the repository's whole archive (about 160 MB with the cars'); 73 MB kept"),
+                 "the repository's whole archive (about 160 MB with the cars'); 73 MB kept",
+                 ("grocery_store_mini/manifest.csv",)),
     )
 }  # fmt: skip
 
@@ -109,18 +113,15 @@ class Row:
 
 @dataclass(frozen=True)
 class Manifest:
-    """Every file of one dataset (`rows`, from the source; `extra`, shipped whole)."""
+    """Every file of one dataset, each derived from its source."""
 
     name: str
     rows: tuple[Row, ...]
-    extra: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def expected(self) -> dict[str, str]:
         """file -> sha256, for every file of the dataset."""
-        out = {r.file: r.file_sha256 for r in self.rows}
-        out.update({f: hashlib.sha256(b).hexdigest() for f, b in self.extra.items()})
-        return out
+        return {r.file: r.file_sha256 for r in self.rows}
 
     @property
     def tops(self) -> tuple[str, ...]:
@@ -141,11 +142,7 @@ def manifest(name: str) -> Manifest:
         raise HarnessError(f"no shipped manifest for {name!r}; known: {', '.join(SETS)}")
     with gzip.open(MANIFESTS / f"{name}.manifest.csv.gz", "rt", encoding="utf-8") as f:
         rows = tuple(Row(**r) for r in csv.DictReader(f))
-    extra: dict[str, bytes] = {}
-    if (MANIFESTS / f"{name}.extra.zip").is_file():
-        with zipfile.ZipFile(MANIFESTS / f"{name}.extra.zip") as z:
-            extra = {n: z.read(n) for n in z.namelist() if not n.endswith("/")}
-    return Manifest(name, rows, extra)
+    return Manifest(name, rows)
 
 
 class DataFiles:
@@ -266,7 +263,7 @@ def verify(name: str, files: DataFiles, how_to_fix: str) -> DataFiles:
     published = files.kind == "zip" and file_sha256(files.path) == SETS[name].zip_sha256
     names = files.names()
     missing = sorted(set(expected) - set(names))
-    extra = sorted(set(names) - set(expected))
+    extra = sorted(set(names) - set(expected) - set(SETS[name].beside))
     altered = [] if published else [
         n for n in sorted(set(names) & set(expected))
         if _sha256_of(files, n) not in (expected[n], differs.get(n))

@@ -8,21 +8,21 @@ where `python -m harness data fetch <name>` builds it; every file is checked aga
 shipped manifest (harness.data.photo_sets). Every photo is decoded once into memory at SIZE x SIZE (PIL
 bilinear, antialiased; the aspect ratio is not kept, like the seed papers' 256 x 256 resize
 and the harness's own image decoder). The archive holds `<name>/images/<class>/<file>.jpg`
-and `<name>/manifest.csv`. The protocol's sorted split trains on the first half of the sorted
+(and its builder's labels table, which is not read). The protocol's sorted split trains on the first half of the sorted
 class names and tests on the second: for cars196_mini exactly the standard Cars196 split
 (official ids 1-98 train, 99-196 test).
 
 Coarse labels, for Karaman et al.'s quadruplet selection: the car's body type from its class
 name (harness.data.cars196.body_type, as `quadruplet_cars196` uses), and the grocery
-manifest's coarse class (Apple, Milk, Juice, ...).
+product's coarse class (Apple, Milk, Juice, ...), the folder above its class folder in the
+source (the shipped manifest's `source_path`).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from harness.core import HarnessError
 from harness.data.base import LabelledImages, register_dataset
 from harness.data.cars196 import body_type
 from harness.data.photo_decode import open_photo
-from harness.data.photo_sets import DataFiles, describe
+from harness.data.photo_sets import describe, manifest
 from harness.data.rebuild import open_data
 
 SIZE = 227  # the birds' size: a 224 crop with a little room
@@ -44,11 +44,25 @@ class PhotoZip:
     read."""
 
     name: str
-    coarse: Callable[[str, dict[str, str]], str]  # (class name, its manifest row) -> coarse
+    coarse: Callable[[str], str]  # class name -> its coarse class
 
 
-CARS = PhotoZip("cars196_mini", lambda cls, _row: body_type(cls))
-GROCERIES = PhotoZip("grocery_store_mini", lambda _cls, row: row.get("coarse_class", "").strip())
+@cache
+def _grocery_coarse() -> dict[str, str]:
+    """Each grocery product's coarse class, from its source paths
+    (`dataset/<split>/<kind>/<coarse>/<class>/<photo>`); a product the source keeps directly
+    under its kind (`dataset/<split>/<kind>/<class>/<photo>` in every split) is its own."""
+    out: dict[str, str] = {}
+    for row in manifest("grocery_store_mini").rows:
+        parts = row.source_path.split("/")
+        if row.file.endswith(".jpg"):
+            cls = row.file.split("/")[-2]
+            out[cls] = parts[3] if len(parts) == 6 else out.get(cls, cls)
+    return out
+
+
+CARS = PhotoZip("cars196_mini", body_type)
+GROCERIES = PhotoZip("grocery_store_mini", lambda cls: _grocery_coarse().get(cls, ""))
 
 
 def _decode(data: bytes, where: str, size: int) -> np.ndarray:
@@ -58,19 +72,6 @@ def _decode(data: bytes, where: str, size: int) -> np.ndarray:
     return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
 
 
-def _manifest(archive: DataFiles, spec: PhotoZip, path: Path) -> dict[str, dict[str, str]]:
-    """The manifest's first row per class (the class's coarse class is the same on each)."""
-    member = f"{spec.name}/manifest.csv"
-    try:
-        text = archive.read(member).decode("utf-8")
-    except KeyError:
-        raise HarnessError(f"{spec.name}: {path} holds no {member}") from None
-    rows: dict[str, dict[str, str]] = {}
-    for row in csv.DictReader(io.StringIO(text)):
-        rows.setdefault(row.get("class", ""), row)
-    return rows
-
-
 def read(spec: PhotoZip, data_root: Path | None, size: int = SIZE) -> LabelledImages:
     """Every photo of the archive, labelled by its class folder (see the module docstring)."""
     prefix = f"{spec.name}/images/"
@@ -78,17 +79,16 @@ def read(spec: PhotoZip, data_root: Path | None, size: int = SIZE) -> LabelledIm
         path = archive.path
         members = sorted(m for m in archive.names()
                          if m.startswith(prefix) and not m.endswith("/"))  # fmt: skip
-        manifest = _manifest(archive, spec, path)
         class_names = sorted({m[len(prefix) :].split("/", 1)[0] for m in members})
         images = np.empty((len(members), 3, size, size), dtype=np.uint8)
         for row, member in enumerate(members):
             images[row] = _decode(archive.read(member), f"{path}:{member}", size)
     order = {c: n for n, c in enumerate(class_names)}
     labels = np.array([order[m[len(prefix) :].split("/", 1)[0]] for m in members], np.int64)
-    kinds = [spec.coarse(c, manifest.get(c, {})) for c in class_names]
+    kinds = [spec.coarse(c) for c in class_names]
     if not all(kinds):
         missing = [c for c, k in zip(class_names, kinds, strict=False) if not k][:3]
-        raise HarnessError(f"{spec.name}: the manifest gives no coarse class for {missing}")
+        raise HarnessError(f"{spec.name}: no coarse class for {missing}")
     coarse_names = sorted(set(kinds))
     coarse_of = np.array([coarse_names.index(k) for k in kinds], dtype=np.int64)
     return LabelledImages(

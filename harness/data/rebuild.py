@@ -200,9 +200,6 @@ def build(name: str, rows: list[Row], source: Path, out: Path) -> dict[str, Any]
         raise HarnessError(f"{name}: {source} lacks {len(missing)} source files "
                            f"({', '.join(missing[:3])}{more}): is it the archive of "
                            f"{SETS[name].repo} at {SETS[name].commit[:7]}?")  # fmt: skip
-    for file, data in manifest(name).extra.items():
-        (out / file).parent.mkdir(parents=True, exist_ok=True)
-        (out / file).write_bytes(data)
     if not differing:
         return {"exact": True}
     log.warning("%s: %d derived files differ from the published bytes (Pillow %s here, %s for "

@@ -5,6 +5,7 @@ cars and groceries sample sources rebuild their rows of the manifest."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import http.server
 import io
@@ -113,9 +114,24 @@ def test_each_shipped_manifest_is_the_published_zip_file_by_file(name):
     with zipfile.ZipFile(archive) as z:
         found = {n: hashlib.sha256(z.read(n)).hexdigest() for n in z.namelist()
                  if not n.endswith("/")}  # fmt: skip
-    assert found == want
-    counts = {"cub100": 5907, "cars196_mini": 2941, "grocery_store_mini": 3234}
+    assert set(found) - set(want) == set(SETS[name].beside)  # the builder's labels table
+    assert {n: found[n] for n in want} == want
+    counts = {"cub100": 5907, "cars196_mini": 2940, "grocery_store_mini": 3233}  # + a licence
     assert len(want) == counts[name]
+
+
+def test_the_grocery_coarse_classes_are_the_published_labels_tables():
+    """Derived from the shipped manifest's source paths, never read from the data."""
+    archive = SHARED / "grocery_store_mini" / "grocery_store_mini.zip"
+    if not archive.is_file():
+        pytest.skip(f"{archive} not present")
+    from harness.data.photo_zip import GROCERIES
+
+    with zipfile.ZipFile(archive) as z:
+        table = z.read("grocery_store_mini/manifest.csv").decode()
+    published = {r["class"]: r["coarse_class"] for r in csv.DictReader(io.StringIO(table))}
+    assert len(published) == 81 and len(set(published.values())) == 43
+    assert {c: GROCERIES.coarse(c) for c in published} == published
 
 
 def test_data_verify_knows_every_dataset_a_shipped_protocol_reads():
@@ -281,8 +297,20 @@ def test_the_sample_classes_rebuild_to_the_manifests_bytes(name, tmp_path):
     assert rebuild.build(name, rows, sample, tmp_path) == {"exact": True}
     for row in rows:
         assert hashlib.sha256((tmp_path / row.file).read_bytes()).hexdigest() == row.file_sha256
-    for file, data in manifest(name).extra.items():  # the builder's labels table, the licence
-        assert (tmp_path / file).read_bytes() == data
+
+
+def test_the_grocery_licence_is_the_source_repositorys_licence(tmp_path):
+    archive = SHARED / "grocery_store_mini" / "grocery_store_mini.zip"
+    if not archive.is_file():
+        pytest.skip(f"{archive} not present")
+    (row,) = [r for r in manifest("grocery_store_mini").rows if r.source_path == "LICENSE"]
+    with zipfile.ZipFile(archive) as z:
+        text = z.read(row.file)
+    source = tmp_path / "GroceryStoreDataset-fc80ba9.zip"  # the repository's top folder
+    with zipfile.ZipFile(source, "w") as z:
+        z.writestr("GroceryStoreDataset-fc80ba9/LICENSE", text)
+    assert rebuild.build("grocery_store_mini", [row], source, tmp_path / "out") == {"exact": True}
+    assert (tmp_path / "out" / row.file).read_bytes().startswith(b"MIT License")
 
 
 def test_a_derived_file_that_another_pillow_encodes_otherwise_is_kept_and_recorded(tmp_path,
