@@ -63,6 +63,14 @@ def _grocery_coarse() -> dict[str, str]:
 
 CARS = PhotoZip("cars196_mini", body_type)
 GROCERIES = PhotoZip("grocery_store_mini", lambda cls: _grocery_coarse().get(cls, ""))
+# the plankton's coarse class: the first word of its class name (`chaetognath`, `copepod`,
+# `hydromedusae`, `siphonophore`, ...: the taxonomic group the Data Science Bowl named first)
+PLANKTON = PhotoZip("plankton", lambda cls: cls.split("_", 1)[0])
+# the pollen's coarse class: its genus, the first word of its type (`mimosa`, `myrcia`, ...)
+POLLEN = PhotoZip("pollen", lambda cls: cls.replace(" ", "_").split("_", 1)[0].lower())
+# Caltech-101 and Flowers-102 name no second level: each class is its own coarse class
+CALTECH = PhotoZip("caltech101", lambda cls: cls)
+FLOWERS = PhotoZip("flowers", lambda cls: cls)
 
 
 def _decode(data: bytes, where: str, size: int) -> np.ndarray:
@@ -114,3 +122,29 @@ def build_cars(data_root: Path | None, cache_dir: Path) -> LabelledImages:
 def build_groceries(data_root: Path | None, cache_dir: Path) -> LabelledImages:
     """3,232 grocery photos of 81 products (see the module docstring)."""
     return read(GROCERIES, data_root)
+
+
+@register_dataset("plankton")  # --data-root is optional
+def build_plankton(data_root: Path | None, cache_dir: Path) -> LabelledImages:
+    """4,197 greyscale plankton images of 109 classes (NOAA PlanktonSet 1.0, capped at 40 a
+    class: harness.data.sources), stored as 3-channel JPEG."""
+    return read(PLANKTON, data_root)
+
+
+@register_dataset("pollen")  # --data-root is optional
+def build_pollen(data_root: Path | None, cache_dir: Path) -> LabelledImages:
+    """2,513 pollen-grain microscope images of 72 types (POLLEN73S, types under 20 images
+    left out: harness.data.sources), short side resized to 256 px."""
+    return read(POLLEN, data_root)
+
+
+@register_dataset("caltech101")  # --data-root is optional
+def build_caltech(data_root: Path | None, cache_dir: Path) -> LabelledImages:
+    """3,929 photos of 100 Caltech-101 categories, at most 40 a category."""
+    return read(CALTECH, data_root)
+
+
+@register_dataset("flowers")  # --data-root is optional
+def build_flowers(data_root: Path | None, cache_dir: Path) -> LabelledImages:
+    """4,080 Oxford Flowers-102 photos at 64 x 64 px, 40 of each of the 102 species."""
+    return read(FLOWERS, data_root)

@@ -32,15 +32,18 @@ def next_neighbours(record: dict[str, Any], calibration: Calibration,
                     sizes: dict[str, int]) -> list[dict[str, Any]]:  # fmt: skip
     """The neighbour search's next candidates: the best finished candidate's neighbours (each
     setting one step along its sorted values, the others kept) not yet tried; the grid's
-    middle candidate when nothing has finished. Empty when every neighbour of the best is
-    tried (run, or recorded as over the budget): the search has converged."""
+    middle candidate when nothing has finished; while every finished candidate is over the
+    budget, the neighbours of the one with the shortest sweep (the walk heads for the
+    candidates that fit). Empty when every neighbour of the best is tried (run, or recorded
+    as over the budget): the search has converged."""
     tried = set(record["runs"]) | set(record.get("skipped", {}))
-    best = choose(record, calibration, sizes)["chosen_settings"]
+    chosen = choose(record, calibration, sizes)
+    best = chosen["chosen_settings"]
     if best is None:
-        middle = {k: _ordered(v)[(len(v) - 1) // 2] for k, v in calibration.grid.items()}
-        finished = [cid for cid, runs in record["runs"].items()
-                    if all(m in runs for m in [calibration.zero_shot, *calibration.methods])]  # fmt: skip
-        return [] if finished else [middle]
+        if not chosen["candidates"]:
+            return [{k: _ordered(v)[(len(v) - 1) // 2] for k, v in calibration.grid.items()}]
+        quickest = min(chosen["candidates"], key=lambda r: r["sweep_minutes"])["candidate"]
+        best = next(c for c in calibration.candidates() if candidate_id(c) == quickest)
     out = []
     for key, values in calibration.grid.items():
         ordered = _ordered(values)

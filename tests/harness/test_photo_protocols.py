@@ -401,6 +401,28 @@ def test_a_candidate_is_projected_from_a_finished_one_on_the_same_trunk():
                                  sizes) is None  # fmt: skip
 
 
+def test_the_neighbour_search_walks_on_from_a_middle_that_is_over_the_budget():
+    """The middle candidate runs and its sweep is over the budget: the walk goes on from it
+    (the quickest finished) to its neighbours, instead of stopping with no choice."""
+    spec = cal.Calibration("c", "p", 0.3, 0, ["a"], {"budget.epochs": [3, 10, 30],
+                           "embedding_dim": [256, 512, 1024]}, 60,
+                           zero_shot="untrained", search="neighbours")  # fmt: skip
+    sizes = {"train": 100, "images": 200, "calibration_train": 100, "calibration_images": 200,
+             "seeds": 1, "methods": 1}  # fmt: skip
+    record = {"runs": {}, "caches": {}, "skipped": {}}
+    [middle] = cal.next_neighbours(record, spec, sizes)
+    assert middle == {"budget.epochs": 10, "embedding_dim": 512}
+    record["runs"][cal.candidate_id(middle)] = {"untrained": {"map@r": 0.3, "seconds": 0},
+                                                "a": {"map@r": 0.5, "seconds": 7200}}  # fmt: skip
+    assert cal.choose(record, spec, sizes)["chosen"] is None  # 120 minutes: over 60
+    assert cal.next_neighbours(record, spec, sizes) == [
+        {"budget.epochs": 3, "embedding_dim": 512},
+        {"budget.epochs": 30, "embedding_dim": 512},
+        {"budget.epochs": 10, "embedding_dim": 256},
+        {"budget.epochs": 10, "embedding_dim": 1024},
+    ]
+
+
 # name, the calibration it holds, and the protocol and version that calibration ran on (a
 # recalibration of version k gives version k + 1: cars_v2 ran on cars v1)
 @pytest.mark.parametrize(

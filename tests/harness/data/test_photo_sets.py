@@ -186,6 +186,31 @@ def test_a_folder_with_a_missing_an_extra_and_an_altered_photo_is_named_in_one_l
     assert "1 altered (bird_dataset/images/Blue_Jay/0000.jpg)" in message
 
 
+def test_a_damaged_member_of_a_verified_zip_is_one_line_naming_the_file(tmp_path):
+    """A byte changed inside a photo after verification (the stamp still matches: same size
+    and time) is found on reading: one HarnessError naming the file, not BadZipFile."""
+    archive = SHARED / "grocery_store_mini" / "grocery_store_mini.zip"
+    if not archive.is_file():
+        pytest.skip(f"{archive} not present")
+    copy = tmp_path / "grocery_store_mini.zip"
+    copy.write_bytes(archive.read_bytes())
+    open_data("grocery_store_mini", tmp_path).__exit__()  # verified: a stamp beside it
+    with zipfile.ZipFile(copy) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(".jpg"))
+    times = (copy.stat().st_atime_ns, copy.stat().st_mtime_ns)
+    with open(copy, "r+b") as f:  # the middle of that member's compressed bytes
+        f.seek(info.header_offset + 30 + len(info.filename) + info.compress_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(copy, ns=times)
+    with open_data("grocery_store_mini", tmp_path) as files:
+        with pytest.raises(HarnessError) as err:
+            files.read(info.filename)
+    message = str(err.value)
+    assert "\n" not in message and info.filename in message and "fetch the dataset" in message
+
+
 def test_another_datasets_files_are_named_for_what_they_are(tmp_path):
     cars = SHARED / "cars196_mini" / "cars196_mini.zip"
     if not cars.is_file():
