@@ -59,6 +59,7 @@ class PhotoSet:
     terms: str
     size: str  # what a user downloads and keeps
     beside: tuple[str, ...] = ()  # files a published zip holds beyond the dataset's: accepted
+    domain: str = ""  # what its photos show, in a few words (the leaderboard's datasets table)
 
     @property
     def archive_url(self) -> str:
@@ -84,39 +85,44 @@ SETS = {
         PhotoSet("cub100", "483798f945ad93a5be92ef60ee4369440e1352dcb1e0e7775f6ecd22bfa5b297",
                  "serizba/vision", "16a8a47ea88abb31d9b61b81dbbe09347bf72385",
                  "CUB-200-2011's: research and non-commercial use only (Wah et al., 2011)",
-                 "the repository's whole archive is downloaded; 57 MB kept"),
+                 "the repository's whole archive is downloaded; 57 MB kept",
+                 domain="bird species, cropped (fine-grained)"),
         PhotoSet("cars196_mini", "2999500f41527c86a780bf9622013e0fbbdfb530e1d2c299cd4819dbe7782c0b",
                  "fmejbah/car_dataset1", "2ac6920297f51277ac4e24afd231c46d35077831",
                  "Stanford Cars' (Krause et al., 2013): no licence was published; treat as "
                  "non-commercial research use only, images owned by their copyright holders",
                  "the repository's whole archive (about 160 MB with the groceries'); 72 MB kept",
-                 ("cars196_mini/manifest.csv",)),
+                 ("cars196_mini/manifest.csv",), "car models, cropped (fine-grained)"),
         PhotoSet("grocery_store_mini", "679f15ca4daa8b2bbd7733bedd5290e8982fab3b6c80a9261f4842b279adba75",
                  "marcusklasson/GroceryStoreDataset", "fc80ba90f803d79d0383df52c5a4ac5de99ff6fc",
                  "MIT (Klasson et al., WACV 2019): keep the copyright notice and licence",
                  "the repository's whole archive (about 160 MB with the cars'); 73 MB kept",
-                 ("grocery_store_mini/manifest.csv",)),
+                 ("grocery_store_mini/manifest.csv",), "grocery products on shelves"),
         PhotoSet("plankton", "", "Jaime-Rangel/Alexnet_Matlab",
                  "e0eff0e96e4528ff820af06b8d42c812f57253b2",
                  "PlanktonSet 1.0's (Cowen, Sponaugle, Robinson, Luo 2015; NOAA NCEI accession "
                  "0127422): the repository states no licence; cite the dataset, research use",
-                 "the repository's whole archive (about 30 MB); 7 MB kept"),
+                 "the repository's whole archive (about 30 MB); 7 MB kept",
+                 domain="plankton, greyscale underwater microscopy (far from ImageNet)"),
         PhotoSet("pollen", "", "jaylebakken/Applied_Computational_Homology_On_Organic_Objects_JayL_BenC",
                  "36a9c319937614f589abc4414864855dc043d6b1",
                  "POLLEN73S's (Astolfi et al., Ecological Informatics 60, 2020): the repository "
                  "states no licence; cite the dataset, research use",
-                 "the repository's whole archive (about 420 MB); 40 MB kept"),
+                 "the repository's whole archive (about 420 MB); 38 MB kept",
+                 domain="pollen grains under a microscope"),
         PhotoSet("caltech101", "", "MachineLearning2020/Homework2-Caltech101",
                  "836044dd000296b2bb74d0aa4b4e462e459b01d7",
                  "Caltech-101's (Fei-Fei, Fergus, Perona 2004): the repository states no "
                  "licence; cite the dataset, research use, images owned by their copyright "
                  "holders",
-                 "the repository's whole archive (about 150 MB); 60 MB kept"),
+                 "the repository's whole archive (about 150 MB); 62 MB kept",
+                 domain="everyday objects (close to ImageNet)"),
         PhotoSet("flowers", "", "Shmaltalk/colorization-tf",
                  "de236b5728bdff6c78b3d65ca472fd72a2e67a04",
                  "Oxford Flowers-102's (Nilsback & Zisserman, ICVGIP 2008): neither repository "
                  "states a licence; cite the dataset, research use",
-                 "the repository's whole archive (about 35 MB); 8 MB kept"),
+                 "the repository's whole archive (about 13 MB); 17 MB kept",
+                 domain="flower species at 64 px (fine-grained)"),
     )
 }  # fmt: skip
 
