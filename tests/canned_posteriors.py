@@ -1,7 +1,7 @@
-"""A stand-in for the hierarchical model (harness.report.hierarchical.compare) in tests of
+"""A stand-in for the hierarchical model (harness.stats.hierarchical.compare) in tests of
 the tables, captions and figures around it: instant, deterministic and easy to reason
 about, so that those tests need no sampling. The model itself is tested against known
-answers in tests/harness/test_hierarchical.py.
+answers in tests/harness/stats/test_hierarchical.py.
 
 The stand-in's next-protocol difference is normal, centred on the mean of the protocols'
 mean differences (shared seeds), with the protocols' standard deviation of them, at least
@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from scipy import stats
 
-from harness.report.bayes import Probs
-from harness.report.hierarchical import Diagnostics, Posterior, Shrunk, shared_differences
+from harness.stats import Diagnostics, Posterior, Probs, Shrunk
+from harness.stats.hierarchical import shared_differences
 
 SPREAD = 0.1  # points
 

@@ -31,7 +31,7 @@ def test_ruff_format():
 
 MAX_FUNCTION_LINES = 60  # a function longer than this does several jobs
 MAX_PARAMETERS = 8  # more than this: pass a context or an options object instead
-MAX_FILE_LINES = 550  # about 500: a longer module holds more than one job
+MAX_FILE_LINES = 500  # a longer module holds more than one job (550 before issue 69)
 
 
 def _is_method_build(path: Path, node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

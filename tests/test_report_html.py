@@ -24,7 +24,7 @@ from harness.cli import main
 from harness.core import HarnessError, load_methods
 from harness.records import read_result
 from harness.report import write_leaderboard, write_report
-from harness.report.html import NO_EMBEDDINGS
+from harness.report.run_page import NO_EMBEDDINGS
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "results" / "reference"
@@ -174,7 +174,7 @@ def two_protocols(tmp_path_factory) -> Path:
         shutil.copytree(REFERENCE / "runs" / "omniglot" / method,
                         results / "runs" / "omniglot" / method)  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:  # the page, not the model: no sampling
-        mp.setattr("harness.report.hierarchical.compare", canned_compare)
+        mp.setattr("harness.stats.hierarchical.compare", canned_compare)
         return write_report(results)
 
 

@@ -1,5 +1,5 @@
 """`check`: CI's regression check, every method's metrics on the small `regression` protocol
-against the committed baselines (results/reference/baselines; harness.report.regression).
+against the committed baselines (results/reference/baselines; harness.check).
 
 It prints both machines, the mode, a one-line summary and only the rows that failed, changed
 or improved; `--full` prints every row and the smallest drop each metric's test can see. Its
@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from harness.report import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
+    from harness.check import BASELINE_DIR, BASELINE_SEEDS, check, update_baselines
 
     load_methods()
 

@@ -16,14 +16,13 @@ from harness.core import (
     HarnessError,
     Protocol,
     closest,
-    compare,
     is_single_metric,
     load_methods,
     load_protocol,
     program_name,
-    t_interval,
 )
 from harness.records import load_results, reference_dir
+from harness.stats import CONFIDENCE, Comparison, compare, protocol_rope, seed_probs, t_interval
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,10 +45,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cmp.set_defaults(handler=cmd_compare)
 
 
+def describe(c: Comparison, scale: float = 100.0) -> str:
+    """A comparison in words: the difference with its interval, the test and its p-value (or
+    why there is no test)."""
+    if c.test == "none":
+        return (f"difference {c.difference * scale:+.2f}; no test: a method has only one "
+                "finished seed (run more seeds: --seeds 0,1,2)")  # fmt: skip
+    lo, hi = (c.difference - c.half_width) * scale, (c.difference + c.half_width) * scale
+    unit = " points" if scale == 100.0 else ""
+    return (f"difference {c.difference * scale:+.2f}{unit}, {CONFIDENCE:.0%} CI "
+            f"[{lo:+.2f}, {hi:+.2f}] ({c.test} test, n = {c.n}), p = {c.p:.3g}")  # fmt: skip
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
 
-    from harness.report import describe, per_seed
-    from harness.report.bayes import seed_probs
+    from harness.records import per_seed
 
     protocol = load_protocol(args.protocol)
     metric = args.metric or protocol.evaluation.select_by
@@ -130,8 +140,6 @@ def _with_reference(args: argparse.Namespace, protocol: Protocol, metric: str,
                     runs: list) -> int:  # fmt: skip
     """compare --reference: A and B among your runs and the reference's of the same hash
     (yours first; a reference row of a name you also ran is `NAME (reference)`)."""
-    from harness.report import describe
-    from harness.report.bayes import protocol_rope
     from harness.report.beside import committed_reference, matching, rows, versus
 
     if args.max_steps is not None:

@@ -1,6 +1,7 @@
 """`rerank`: does re-ranking change which method is best? Score the runs a results folder
 saved embeddings for (`run --save-embeddings`) without and with each re-ranking, one record
-per run, and write the table RERANKING.md from the records (harness.report.reranked)."""
+per run (harness.evaluate.reranked), and write the table RERANKING.md from the records
+(harness.report.reranked)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import argparse
 from pathlib import Path
 
 from harness.cli.argtypes import add_aliased
-from harness.report.reranked import DEFAULT_RERANKS, write_records, write_table
+from harness.evaluate.reranked import DEFAULT_RERANKS, write_records
+from harness.report.reranked import write_table
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -3,7 +3,7 @@
 The protocol (strict, versioned, hashed YAML), the registries with their did-you-mean
 errors, the user-facing errors, the method contract and the tuple types a miner returns, the
 search-space types, the run context, and small shared mechanics (devices, the phase timer,
-precision, statistics, where files are). Nothing here imports another harness package.
+precision, where files are). Nothing here imports another harness package.
 """
 
 from harness.core.augmentation import AugmentationSpec, OpSpec
@@ -71,19 +71,17 @@ from harness.core.protocol import (
     parse_protocol,
     protocol_names,
 )
-from harness.core.reference import check_entry, dataset_counts, paper_results
+from harness.core.reference import (
+    CLAIMS_FILE,
+    Claim,
+    check_entry,
+    dataset_counts,
+    load_claims,
+    paper_results,
+)
 from harness.core.registry import Registry, closest, keyword_names, registered
 from harness.core.search import LR_MULTIPLIER, Choice, Float, Int, SearchSpace
 from harness.core.seeds import SEED_LIMIT, seed_problem
-from harness.core.stats import (
-    BOOTSTRAP_RESAMPLES,
-    CONFIDENCE,
-    Comparison,
-    benjamini_hochberg,
-    bootstrap_intervals,
-    compare,
-    t_interval,
-)
 from harness.core.timing import PhaseTimer
 from harness.core.tuples import (
     Batch,
@@ -99,15 +97,15 @@ from harness.core.tuples import (
 )
 
 __all__ = [
+    "CLAIMS_FILE",
+    "Claim",
+    "load_claims",
     "AugmentationSpec",
-    "BOOTSTRAP_RESAMPLES",
     "BackboneSpec",
     "Batch",
     "CLUSTERING_METRICS",
     "COLLECTIVE_TIMEOUT",
-    "CONFIDENCE",
     "Choice",
-    "Comparison",
     "Diagnostics",
     "Dist",
     "Embedded",
@@ -151,11 +149,8 @@ __all__ = [
     "UNBOUNDED_METRICS",
     "all_pairs",
     "autocast",
-    "benjamini_hochberg",
-    "bootstrap_intervals",
     "check_entry",
     "closest",
-    "compare",
     "current",
     "dataset_counts",
     "default_cache_dir",
@@ -191,6 +186,5 @@ __all__ = [
     "sample_pairs",
     "seed_problem",
     "source_tree",
-    "t_interval",
     "to_float32",
 ]

@@ -203,7 +203,7 @@ class EvaluationSpec:
     # The k-means behind nmi and f1 (harness.evaluate.metrics.clustering.kmeans): "harness" (k-means++
     # start, up to 100 iterations) or "faiss" (the published tables' faiss k-means).
     clustering: str = "harness"
-    # The region of practical equivalence of the Bayesian comparisons (harness.report.bayes),
+    # The region of practical equivalence of the Bayesian comparisons (harness.stats.bayes),
     # in points of the main metric (percentage points for a fraction such as MAP@R): two
     # methods closer than this are practically the same.
     rope: float = 1.0

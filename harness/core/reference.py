@@ -1,4 +1,5 @@
-"""The published numbers the harness compares against: protocols/reference/paper_results.yaml.
+"""The published numbers the harness compares against: protocols/reference/paper_results.yaml,
+and the seed papers' claims a protocol can test: protocols/reference/claims.yaml.
 
 A copy (as data) of the seed papers' reported results and the datasets' published counts.
 Values are percentages; VehicleID's MAP, printed as a fraction in the HDC paper, is stored in
@@ -7,6 +8,7 @@ percent like every other metric.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -15,6 +17,8 @@ import yaml
 from harness.core.errors import HarnessError
 from harness.core.paths import REFERENCE_FILE
 from harness.core.registry import closest
+
+CLAIMS_FILE = REFERENCE_FILE.parent / "claims.yaml"
 
 
 @cache
@@ -56,3 +60,33 @@ def paper_results(reference: str, dataset: str) -> tuple[str, dict[str, dict[str
     """(source line, method -> metric -> published value in percent)."""
     entry = load_reference()[reference]
     return entry.get("source", reference), entry[dataset]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """`better` retrieves better than `worse` (a row, or `row / part`: one part of a composite
+    embedding; `row / *` in the file stands for each part)."""
+
+    better: str
+    worse: str
+    who: str
+    where: str
+    numbers: tuple[str, str] | None = None  # (paper, dataset) in paper_results.yaml
+    text: str | None = None  # the paper's words, for a claim without numbers
+
+
+@cache
+def load_claims() -> tuple[Claim, ...]:
+    """The claims of protocols/reference/claims.yaml, in the file's order."""
+    try:
+        entries = yaml.safe_load(CLAIMS_FILE.read_text(encoding="utf-8"))["claims"]
+        return tuple(_claim(entry) for entry in entries)
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise HarnessError(f"cannot read the claims file {CLAIMS_FILE} ({exc!r})") from None
+
+
+def _claim(entry: dict[str, Any]) -> Claim:
+    numbers = entry.get("numbers")
+    return Claim(entry["better"], entry["worse"], entry["who"], entry["where"],
+                 (numbers["paper"], numbers["dataset"]) if numbers else None,
+                 entry.get("text"))  # fmt: skip

@@ -14,6 +14,7 @@ from harness.deploy.catalogue import (
 )
 from harness.deploy.export import FORMATS, export_model, read_metadata, run_exported
 from harness.deploy.images import embed_files, image_files, preprocess
+from harness.deploy.index_spec import KINDS, IndexSpec, removes_in_place
 from harness.deploy.model import (
     Embedder,
     KeptModel,
@@ -23,14 +24,7 @@ from harness.deploy.model import (
     read_model,
     write_model,
 )
-from harness.deploy.vectors import (
-    KINDS,
-    IndexSpec,
-    VectorIndex,
-    build_index,
-    load_index,
-    removes_in_place,
-)
+from harness.deploy.vectors import VectorIndex, build_index, load_index
 
 __all__ = [
     "FORMATS",

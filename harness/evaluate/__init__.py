@@ -1,6 +1,8 @@
 """Evaluation: embed a split with the trained model, then score it with the harness's metric
 definitions (`metrics`, one chunked pass over the distances), ranked by Euclidean distance
-or by the method's learned scorer; a run's test embeddings saved beside its result (`saved`)."""
+or by the method's learned scorer; a run's test embeddings saved beside its result (`saved`),
+what it ranked (`ranked`: the grid of `show` draws from it) and its metrics again under each
+re-ranking (`reranked`, for `rerank`)."""
 
 from harness.evaluate.embedding import embed, embed_parts
 from harness.evaluate.metrics import (

@@ -8,15 +8,7 @@ import numpy as np
 import torch
 
 from harness.backbones import Backbone
-from harness.core import (
-    BOOTSTRAP_RESAMPLES,
-    CONFIDENCE,
-    Method,
-    PhaseTimer,
-    Protocol,
-    RunContext,
-    bootstrap_intervals,
-)
+from harness.core import Method, PhaseTimer, Protocol, RunContext
 from harness.data import for_test
 from harness.evaluate.embedding import embed, embed_parts
 from harness.evaluate.metrics.report import (
@@ -28,6 +20,7 @@ from harness.evaluate.metrics.report import (
 from harness.evaluate.neighbours import AVERAGE_PRECISION, per_query_values, top_neighbours
 from harness.evaluate.reranking import Reranked, protocol_rerank, reranked_report
 from harness.evaluate.scoring import CountedScorer, ranking_scorer
+from harness.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, bootstrap_intervals
 
 
 def evaluate(
@@ -180,7 +173,7 @@ class Evaluation:
     timings: dict[str, float]
     by_part: dict[str, dict[str, float]] = field(default_factory=dict)
     distances: dict[str, list[float]] = field(default_factory=dict)
-    # percentile intervals of each retrieval metric over resampled test queries (harness.core.stats)
+    # percentile intervals of each retrieval metric over resampled test queries (harness.stats.frequentist)
     bootstrap: dict[str, object] = field(default_factory=dict)
     clustering: str | None = None  # the k-means convention of nmi and f1; None without them
     embeddings: torch.Tensor | None = field(default=None, repr=False)  # the queries' (or all)

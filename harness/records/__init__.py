@@ -4,12 +4,13 @@
 from (code version, packages, hardware, this machine's id), `fingerprint` what decides a
 run's float rounding, `locks` the run locks that keep two processes off one result,
 `tracking` the experiment trackers a run may also report to and `trackers` their two
-implementations (TensorBoard, MLflow).
+implementations (TensorBoard, MLflow), `rows` which runs make one row of a table and the
+values each seed gave (the typed numbers harness.stats takes).
 """
 
 from harness.records.fingerprint import describe, machine_fingerprint, package_versions
 from harness.records.locks import run_lock
-from harness.records.provenance import environment, machine_id
+from harness.records.provenance import environment, machine_id, provenance_fields
 from harness.records.results import (
     DatasetInfo,
     Environment,
@@ -34,6 +35,22 @@ from harness.records.results import (
     write_result,
     write_text_atomic,
 )
+from harness.records.rows import (
+    TUNED,
+    completeness,
+    full_budget,
+    hyperparameter_id,
+    main_metric,
+    per_seed,
+    pretrained,
+    protocol_groups,
+    row_name,
+    row_names,
+    tuned_values,
+    tuned_view,
+    untrained_row,
+    zero_shot_row,
+)
 from harness.records.trackers import open_tracker, tracking_config
 from harness.records.tracking import (
     NO_TRACKING,
@@ -45,6 +62,21 @@ from harness.records.tracking import (
 )
 
 __all__ = [
+    "provenance_fields",
+    "TUNED",
+    "completeness",
+    "full_budget",
+    "hyperparameter_id",
+    "main_metric",
+    "per_seed",
+    "pretrained",
+    "protocol_groups",
+    "row_name",
+    "row_names",
+    "tuned_values",
+    "tuned_view",
+    "untrained_row",
+    "zero_shot_row",
     "NO_TRACKING",
     "TRACKERS",
     "Tracker",

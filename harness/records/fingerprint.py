@@ -6,7 +6,7 @@ but the kernels torch, oneDNN, MKL and OpenBLAS pick depend on the processor (AV
 AVX-512, Intel or AMD), and training amplifies their different rounding into seed-noise-sized
 differences of the trained metrics. The fingerprint names those choices; its `id` is a hash of
 them. Two machines with the same id reproduce each other's numbers exactly; for any other pair
-only a statistical comparison is meaningful (see harness/report/regression.py).
+only a statistical comparison is meaningful (see harness/check/).
 """
 
 from __future__ import annotations

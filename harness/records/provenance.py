@@ -5,6 +5,7 @@ elsewhere are never mistaken for this machine's own finished runs.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -15,7 +16,8 @@ from typing import Any
 import torch
 
 from harness.core import default_cache_dir, source_tree
-from harness.records.fingerprint import machine_fingerprint, package_versions
+from harness.records.fingerprint import describe, machine_fingerprint, package_versions
+from harness.records.results import RunResult
 
 PACKAGES = (
     "dml-harness",  # only when installed as a package (a clone records its git commit)
@@ -91,3 +93,52 @@ def environment(device: torch.device) -> dict[str, Any]:
         "packages": packages,
         "hardware": hardware,
     }
+
+
+def _json(value: Any) -> str:
+    """A value as canonical JSON, one line."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def provenance_fields(r: RunResult, result_file: str) -> dict[str, str]:
+    """Where a run's numbers came from, field by field in words (the HTML report's provenance
+    table): its result file, status, protocol, method and configuration, the seeds of its
+    sweep, training, data, code version, packages, hardware and machine, and when it ran."""
+    training = r.training
+    capped = f", capped at {training.max_steps} steps" if training.max_steps is not None else ""
+    dataset = (
+        r.dataset.name + (f" ({r.dataset.source})" if r.dataset.source else "")
+        if r.dataset
+        else "-"
+    )
+    fields = {
+        "result file": result_file,
+        "status": r.status + (f" ({r.failure})" if r.failure else ""),
+        "protocol": f"{r.protocol.name} v{r.protocol.version}, hash {r.protocol.hash}",
+        "method": f"{r.method.name} v{r.method.version}"
+        + (f" ({r.method.paper})" if r.method.paper else ""),
+        "hyperparameters": _json(r.method.hyperparameters),
+        "tuned by": _json(r.tuning) if r.tuning else "-",
+        "method source": _json(r.method.source) if r.method.source else "built in",
+        "seeds of the sweep": ", ".join(map(str, r.sweep_seeds or [])) or "-",
+        "training": f"{training.steps} steps, {training.epochs} epochs{capped}",
+        "dataset": dataset,
+        "split": str((r.split or {}).get("hash", "-")),
+        "harness version": r.harness_version or "-",
+    }
+    env = r.environment
+    if env is None:
+        fields["environment"] = "not recorded"
+    else:
+        hardware = env.hardware.to_json()
+        fields.update({
+            "git commit": (env.git_commit or "?")
+            + (" (dirty: uncommitted changes)" if env.git_dirty else ""),
+            "python": env.python or "-",
+            "packages": ", ".join(f"{k} {v}" for k, v in sorted((env.packages or {}).items())),
+            "hardware": ", ".join(f"{k}: {v}" for k, v in hardware.items() if v is not None),
+            "machine": describe(env.fingerprint),
+        })  # fmt: skip
+    fields["started"] = r.started_at or "-"
+    fields["finished"] = r.finished_at or "-"
+    return fields

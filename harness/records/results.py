@@ -267,7 +267,7 @@ class RunResult(Record):
     distances: dict[str, Any] | None = optional()  # histogram: edges, positive, negative
     metrics: dict[str, float] | None = optional()
     metrics_by_part: dict[str, dict[str, float]] | None = optional()
-    # retrieval metrics' percentile intervals over resampled test queries (harness.core.stats)
+    # retrieval metrics' percentile intervals over resampled test queries (harness.stats.frequentist)
     bootstrap: dict[str, Any] | None = optional()
     # k-means convention of nmi and f1 ("harness" or "faiss"); see `kmeans_convention`
     clustering_convention: str | None = optional()

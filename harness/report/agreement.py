@@ -1,4 +1,5 @@
-"""Do two protocols rank the methods alike? Kendall's tau between their leaderboards.
+"""Do two protocols rank the methods alike? Kendall's tau (harness.stats.agreement) between
+their leaderboards.
 
 The default protocol's data is rendered glyphs; if it ranks the methods as a protocol on real
 images does (omniglot's handwriting), its verdicts say something beyond glyphs. Each pair of
@@ -17,8 +18,8 @@ from itertools import combinations
 import pandas as pd
 from tabulate import tabulate
 
-from harness.records import RunResult
-from harness.report.verdicts import main_metric, per_seed
+from harness.records import RunResult, main_metric, per_seed, protocol_groups
+from harness.stats import kendall
 
 MIN_SHARED = 5  # fewer methods in common: a tau means little
 MOVES_SHOWN = 3
@@ -38,46 +39,26 @@ def _ranks(means: dict[str, float], rows: list[str]) -> dict[str, int]:
 
 def agreement_rows(groups: dict[str, list[RunResult]]) -> list[dict[str, str]]:
     """One row per pair of protocols (by name) sharing at least MIN_SHARED methods."""
-    from scipy.stats import kendalltau  # on first use: it costs every command 0.4 s to import
-
     means = {name: _means(runs) for name, runs in groups.items()}
     rows = []
     for a, b in combinations(sorted(means), 2):
         (metric_a, ma), (metric_b, mb) = means[a], means[b]
-        shared = sorted(set(ma) & set(mb))
+        found = kendall(ma, mb, least=MIN_SHARED)
+        shared = found.shared
         if len(shared) < MIN_SHARED:
             continue
-        tau, p = kendalltau([ma[r] for r in shared], [mb[r] for r in shared])
         ra, rb = _ranks(ma, shared), _ranks(mb, shared)
         moved = sorted(shared, key=lambda r: (-abs(ra[r] - rb[r]), r))[:MOVES_SHOWN]
         rows.append({
             "protocols": f"{a} ({metric_a}) vs {b} ({metric_b})",
             "methods both ran": str(len(shared)),
-            "Kendall's tau": f"{tau:+.2f}",
-            "p": f"{p:.2g}",
+            "Kendall's tau": f"{found.tau:+.2f}",
+            "p": f"{found.p:.2g}",
             "same top 5": str(len(set(sorted(shared, key=ra.get)[:5])
                                   & set(sorted(shared, key=rb.get)[:5]))),
             "moved most (rank a → b)": ", ".join(f"{r} {ra[r]}→{rb[r]}" for r in moved),
         })  # fmt: skip
     return rows
-
-
-def protocol_groups(runs: list[RunResult], tuned: bool = False) -> dict[str, list[RunResult]]:
-    """The full-budget (no --max-steps), paper-default runs (with `tuned`, the `+tuned` runs
-    too) of each protocol, by its name;
-    a protocol with runs of several versions (hashes) gives one group per version, named
-    `name v2 (hash)`, as the leaderboard gives each its own table: their numbers are never
-    pooled into one ranking."""
-    by_key: dict[tuple[str, int, str], list[RunResult]] = {}
-    for r in runs:
-        if r.training.max_steps is None and (tuned or not r.tuning):
-            key = (r.protocol.name, r.protocol.version, r.protocol.hash)
-            by_key.setdefault(key, []).append(r)
-    versions: dict[str, int] = {}
-    for name, _, _ in by_key:
-        versions[name] = versions.get(name, 0) + 1
-    return {name if versions[name] == 1 else f"{name} v{version} ({hash_})": group
-            for (name, version, hash_), group in by_key.items()}  # fmt: skip
 
 
 def agreement_section(runs: list[RunResult]) -> str:

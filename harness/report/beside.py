@@ -17,18 +17,33 @@ never set beside yours: the refusal says which hashes each side has.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from tabulate import tabulate
 
-from harness.core import UNBOUNDED_METRICS, HarnessError, benjamini_hochberg, compare, t_interval
-from harness.records import RunResult, describe, load_results
-from harness.report.bayes import Probs, protocol_rope, seed_probs
-from harness.report.reference import full_budget
-from harness.report.verdicts import ALPHA, main_metric, per_seed, row_names
+from harness.core import UNBOUNDED_METRICS, HarnessError
+from harness.records import (
+    RunResult,
+    describe,
+    full_budget,
+    load_results,
+    main_metric,
+    per_seed,
+    row_names,
+)
+from harness.report.verdicts import ALPHA
+from harness.stats import (
+    Probs,
+    benjamini_hochberg,
+    compare,
+    protocol_rope,
+    seed_probs,
+    t_interval,
+    unpaired_probs,
+)
 
 MINE, THEIRS = "yours", "reference"
 
@@ -105,33 +120,6 @@ def rows(mine: list[RunResult], theirs: list[RunResult], metric: str) -> dict[st
 def paired(a: Row, b: Row) -> bool:
     """Whether a's seed k and b's seed k may be paired: one side, or one machine fingerprint."""
     return a.source == b.source or (bool(a.machines) and a.machines == b.machines)
-
-
-def unpaired_probs(
-    a: Mapping[object, float], b: Mapping[object, float], rope: float
-) -> Probs | None:
-    """P(a worse by more than `rope` · within it · better) from two independent samples: the
-    Welch posterior of the difference of the means (Student t, Welch-Satterthwaite degrees
-    of freedom, scale the standard error). None with fewer than two values on a side."""
-    from scipy import stats
-
-    xa, xb = list(a.values()), list(b.values())
-    if len(xa) < 2 or len(xb) < 2:
-        return None
-    va, vb = _var(xa) / len(xa), _var(xb) / len(xb)
-    diff = sum(xa) / len(xa) - sum(xb) / len(xb)
-    if va + vb == 0:
-        worse, better = float(diff < -rope), float(diff > rope)
-    else:
-        dof = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
-        t = stats.t(dof, diff, math.sqrt(va + vb))
-        worse, better = float(t.cdf(-rope)), float(1 - t.cdf(rope))
-    return Probs(worse, 1 - worse - better, better, min(len(xa), len(xb)))
-
-
-def _var(x: list[float]) -> float:
-    mean = sum(x) / len(x)
-    return sum((v - mean) ** 2 for v in x) / (len(x) - 1)
 
 
 def versus(a: Row, b: Row, rope: float, scale: float) -> tuple[object, Probs | None]:

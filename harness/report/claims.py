@@ -5,8 +5,8 @@ and MAP@R), and a verdict on recall@1: `holds` (A above B, significant), `revers
 A, significant) or `cannot tell`, by the leaderboard's paired t-test with the p-values
 Benjamini-Hochberg-adjusted over the claims.
 
-The claims are data, `protocols/reference/claims.yaml` (they name methods, which the code does
-not): e.g. lifted structure above contrastive and triplet (Song et al. 2016, with PDDM's Table
+The claims are data, `protocols/reference/claims.yaml` (harness.core.reference reads them; they
+name methods, which the code does not): e.g. lifted structure above contrastive and triplet (Song et al. 2016, with PDDM's Table
 1 numbers on CUB-200), PDDM's quadruplet and score variants above lifted structure, HDC's
 cascade above each of its heads (the result's metrics_by_part), Karaman et al.'s two
 quadruplet selections above random selection. The section shows under a protocol on a
@@ -17,53 +17,19 @@ a method not run says which.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from functools import cache
-from typing import Any
+from dataclasses import replace
 
 import pandas as pd
-import yaml
 from tabulate import tabulate
 
-from harness.core import REFERENCE_FILE, HarnessError, benjamini_hochberg, compare, paper_results
-from harness.records import RunResult
-from harness.report.tuned import tuned_view
-from harness.report.verdicts import ALPHA, pretrained, row_names
+from harness.core import Claim, HarnessError, load_claims, paper_results
+from harness.records import RunResult, pretrained, row_names, tuned_view
+from harness.report.verdicts import ALPHA
+from harness.stats import benjamini_hochberg, compare
 
-CLAIMS_FILE = REFERENCE_FILE.parent / "claims.yaml"
 METRIC = "recall@1"  # what the papers' tables give, and what the verdict is on
 ALSO = "map@r"  # shown beside it
 EACH_PART = " / *"
-
-
-@dataclass(frozen=True)
-class Claim:
-    """`better` retrieves better than `worse` (a row, or `row / part`: one part of a composite
-    embedding; `row / *` in the file stands for each part)."""
-
-    better: str
-    worse: str
-    who: str
-    where: str
-    numbers: tuple[str, str] | None = None  # (paper, dataset) in paper_results.yaml
-    text: str | None = None  # the paper's words, for a claim without numbers
-
-
-@cache
-def load_claims() -> tuple[Claim, ...]:
-    """The claims of protocols/reference/claims.yaml, in the file's order."""
-    try:
-        entries = yaml.safe_load(CLAIMS_FILE.read_text(encoding="utf-8"))["claims"]
-        return tuple(_claim(entry) for entry in entries)
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
-        raise HarnessError(f"cannot read the claims file {CLAIMS_FILE} ({exc!r})") from None
-
-
-def _claim(entry: dict[str, Any]) -> Claim:
-    numbers = entry.get("numbers")
-    return Claim(entry["better"], entry["worse"], entry["who"], entry["where"],
-                 (numbers["paper"], numbers["dataset"]) if numbers else None,
-                 entry.get("text"))  # fmt: skip
 
 
 def _values(

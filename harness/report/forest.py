@@ -16,20 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.core import compare, t_interval
-from harness.records import RunResult
-from harness.report.figures import _figure, _save
-from harness.report.tuned import _cell, _mean, tuned_values
-from harness.report.verdicts import (
-    ALPHA,
-    against_best,
+from harness.records import (
+    RunResult,
     completeness,
     main_metric,
     per_seed,
     pretrained,
     row_names,
+    tuned_values,
     untrained_row,
 )
+from harness.report.figures import _figure, _save
+from harness.report.tuned import _cell, _mean
+from harness.report.verdicts import ALPHA, against_best
+from harness.stats import compare, t_interval
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core import load_methods
-from harness.records import RunResult
-from harness.report.agreement import protocol_groups
-from harness.report.equivalence import Across, across
+from harness.records import RunResult, protocol_groups
 from harness.report.equivalence import caption as equivalence_caption
 from harness.report.equivalence import figure as equivalence_figure
 from harness.report.equivalence import stem as equivalence_stem
@@ -35,19 +33,23 @@ from harness.report.forest import (
     forest_figure,
     mark_kind,
 )
-from harness.report.posteriors import PosteriorCache
 from harness.report.ranks import (
     SETTING_STEMS,
-    Block,
     bump_caption,
     bump_figure,
-    by_setting,
     caption,
     cd_figure,
+    setting_agreement,
+)
+from harness.stats import (
+    Across,
+    Block,
+    PosteriorCache,
+    across,
+    by_setting,
     main_blocks,
     protocol_blocks,
     rank_test,
-    setting_agreement,
 )
 
 CD_DIAGRAM = "cd_diagram"
@@ -115,7 +117,7 @@ def draw_glance(runs: list[RunResult], folder: Path, cache: PosteriorCache | Non
     """Every figure of the glance into `folder`: the critical-difference diagram and the bump
     chart (when two or more protocols share enough methods), then each full-budget protocol's
     forest plot (and dumbbell plot), in the leaderboard's order. The hierarchical posteriors
-    of the equivalence figures come from `cache` (harness.report.posteriors)."""
+    of the equivalence figures come from `cache` (harness.stats.posteriors)."""
     load_methods()  # the figures colour methods by family: the registry says which
     folder = Path(folder)
     out = []

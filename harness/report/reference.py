@@ -17,9 +17,17 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from harness.core import UNBOUNDED_METRICS, t_interval
-from harness.records import RunResult, describe, load_results, reference_dir
-from harness.report.verdicts import main_metric, row_names
+from harness.core import UNBOUNDED_METRICS
+from harness.records import (
+    RunResult,
+    describe,
+    full_budget,
+    load_results,
+    main_metric,
+    reference_dir,
+    row_names,
+)
+from harness.stats import t_interval
 
 SAME_RTOL = 1e-12  # the regression check's EXACT_RTOL: metric sums may reorder, no more
 
@@ -55,11 +63,6 @@ def reference_section(results_dir: Path, runs: Iterable[RunResult] | None = None
         there = [r for r in theirs if r.protocol.name == name]
         lines += _protocol_part(name, here, there)
     return "\n".join(lines) + "\n"
-
-
-def full_budget(runs: Iterable[RunResult]) -> list[RunResult]:
-    """The runs of the whole budget (not shortened by --max-steps)."""
-    return [r for r in runs if r.training is None or r.training.max_steps is None]
 
 
 def _protocol_part(name: str, here: list[RunResult], there: list[RunResult]) -> list[str]:

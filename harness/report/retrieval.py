@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from harness.core import HarnessError, Protocol, load_protocol, parse_protocol, program_name
+from harness.core import HarnessError, program_name
 from harness.data import prepare_data
-from harness.evaluate import (
-    AVERAGE_PRECISION,
-    SavedEmbeddings,
-    compute_report,
-    load_embeddings,
-    per_query_values,
-    top_neighbours,
+from harness.evaluate import AVERAGE_PRECISION, load_embeddings
+from harness.evaluate.ranked import (
+    dataset_indices,
+    query_average_precision,
+    query_gallery_rows,
+    ranked_neighbours,
+    ranking_name,
+    run_protocol,
 )
 from harness.records import read_result
 
@@ -129,14 +130,14 @@ def draw_retrieval_grid(
     choice.check()
     k = choice.k
     saved = load_embeddings(folder)
-    query_rows, gallery_rows = _rows(saved)
+    query_rows, gallery_rows = query_gallery_rows(saved)
     ranked = len(gallery_rows) - int(saved.is_query is None)  # all-vs-all: not the query itself
     if k > ranked:
         raise HarnessError(f"--k {k} is more than the {ranked} gallery images each query ranks; "
                            "pass a smaller --k")  # fmt: skip
     protocol = run_protocol(folder, saved)
     prepared = prepare_data(protocol, None if data_root is None else str(data_root))
-    indices = _indices(saved, prepared.split)
+    indices = dataset_indices(saved, prepared.split)
     data = prepared.data
     if indices.max(initial=-1) >= len(data.labels) or not np.array_equal(
         data.labels[indices], saved.labels
@@ -144,14 +145,14 @@ def draw_retrieval_grid(
         where = f"under --data-root {data_root}" if data_root else "built without --data-root"
         raise HarnessError(f"the data {where} is not what this run used: its labels differ "
                            "from the saved ones; pass the run's --data-root")  # fmt: skip
-    neighbours = _neighbours(folder, saved, k)
-    ap = _average_precision(saved)
+    neighbours = ranked_neighbours(folder, saved, k)
+    ap = query_average_precision(saved)
     query_labels, gallery_labels = saved.labels[query_rows], saved.labels[gallery_rows]
     rows = select_rows(ap, neighbours, query_labels, gallery_labels, choice)
     if not rows:
         raise HarnessError(f"{folder}: no query has another image of its class to retrieve")
     title = (f"What {saved.meta.get('method')} retrieves: {protocol.name} v{protocol.version}, "
-             f"seed {saved.meta.get('seed')}, top {k} by {_ranking(saved)}")  # fmt: skip
+             f"seed {saved.meta.get('seed')}, top {k} by {ranking_name(saved)}")  # fmt: skip
     fig = _grid(rows, k, title)
     for r, row in enumerate(rows):
         dataset_rows = [indices[query_rows[row.query]]]
@@ -174,78 +175,6 @@ def _draw_row(fig: Figure, rows: list[RetrievalRow], k: int, r: int,
              f"MAP@R {row.average_precision:.2f}")  # fmt: skip
     fig.text(x - 0.1 / grid_size(len(rows), k)[0], y + h / 2, label, ha="right",
              va="center", fontsize=8)  # fmt: skip
-
-
-def run_protocol(folder: Path, saved: SavedEmbeddings) -> Protocol:
-    """The protocol the run used: as its result (beside the folder) recorded it, else the
-    shipped protocol of that name if its hash is still the run's."""
-    result = Path(folder).with_suffix(".json")
-    recorded = (saved.meta.get("protocol") or {}).get("hash")
-    if result.is_file():
-        info = read_result(result).protocol
-        if info.content:
-            protocol = parse_protocol(info.content, info.path or str(result))
-            if protocol.hash == info.hash:
-                return protocol
-    name = (saved.meta.get("protocol") or {}).get("name")
-    if not isinstance(name, str):
-        raise HarnessError(f"{folder}/embeddings.json names no protocol; rerun with "
-                           "--save-embeddings --force")  # fmt: skip
-    protocol = load_protocol(name)
-    if protocol.hash != recorded:
-        raise HarnessError(f"protocol {name} has changed since this run (hash {protocol.hash}, "
-                           f"the run's {recorded}) and no result beside {folder} records the "
-                           "run's; keep the seed<k>.json beside its folder")  # fmt: skip
-    return protocol
-
-
-def _rows(saved: SavedEmbeddings) -> tuple[np.ndarray, np.ndarray]:
-    """The saved rows that query and those that form the gallery (all of them all-vs-all)."""
-    if saved.is_query is None or saved.is_gallery is None:
-        every = np.arange(len(saved.labels))
-        return every, every
-    return np.flatnonzero(saved.is_query), np.flatnonzero(saved.is_gallery)
-
-
-def _indices(saved: SavedEmbeddings, split: object) -> np.ndarray:
-    """Each saved row's index into the dataset: indices.npy, or for a format-1 folder the
-    runner's rule (the queries then the gallery, else the test split), checked by labels."""
-    if saved.indices is not None:
-        return saved.indices
-    gallery = np.asarray(split.gallery)
-    if len(gallery):
-        return np.concatenate([np.asarray(split.query), gallery]).astype(np.int64)
-    return np.asarray(split.test, dtype=np.int64)
-
-
-def _neighbours(folder: Path, saved: SavedEmbeddings, k: int) -> np.ndarray:
-    """The run's own top-k (neighbours.npy); else a Euclidean ranking of the embeddings,
-    refused for a learned scorer, whose ranking the embeddings cannot give."""
-    if saved.neighbours is not None and saved.neighbours.shape[1] >= k:
-        return saved.neighbours
-    if saved.learned_scorer:
-        had = "" if saved.neighbours is None else f" with {saved.neighbours.shape[1]} neighbours"
-        method = saved.meta.get("method")
-        raise HarnessError(f"{folder}: {method} ranked by its learned scorer, which is not "
-                           f"saved, and the folder{had} cannot give a top {k}; rerun with "
-                           "--save-embeddings --force (or pass a smaller --k)")  # fmt: skip
-    query, _, gallery, _ = saved.parts()
-    g = None if gallery is None else torch.as_tensor(gallery)
-    return top_neighbours(torch.as_tensor(query), g, k)
-
-
-def _average_precision(saved: SavedEmbeddings) -> np.ndarray:
-    """Each query's MAP@R: average_precision.npy, or (a format-1, Euclidean folder) computed."""
-    if saved.average_precision is not None:
-        return saved.average_precision
-    query, query_labels, gallery, gallery_labels = saved.parts()
-    report = compute_report(query, query_labels, gallery, gallery_labels, recall_ks=(),
-                            metrics=(AVERAGE_PRECISION,))  # fmt: skip
-    return per_query_values(report.per_query[AVERAGE_PRECISION], query_labels, gallery_labels)
-
-
-def _ranking(saved: SavedEmbeddings) -> str:
-    return "its learned scorer" if saved.learned_scorer else "Euclidean distance"
 
 
 def _images(images: object, rows: np.ndarray) -> list[np.ndarray]:

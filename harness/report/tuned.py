@@ -12,7 +12,6 @@ says why: no search space (nothing to tune, e.g. `untrained`) or not tuned yet.
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from dataclasses import dataclass
@@ -20,22 +19,17 @@ from dataclasses import dataclass
 import pandas as pd
 from tabulate import tabulate
 
-from harness.core import METHODS, benjamini_hochberg, compare, load_methods, t_interval
-from harness.records import RunResult
-from harness.report.bayes import within
-from harness.report.verdicts import (
-    ALPHA,
-    against,
-    against_best,
+from harness.records import (
+    TUNED,
+    RunResult,
     main_metric,
-    per_seed,
     row_names,
+    tuned_values,
     untrained_row,
-    zero_shot_label,
     zero_shot_row,
 )
-
-TUNED = "+tuned"
+from harness.report.verdicts import ALPHA, against, against_best, within, zero_shot_label
+from harness.stats import compare, flipped_pairs, t_interval
 
 
 def _cell(values: dict[int, float], scale: float = 100.0) -> str:
@@ -51,72 +45,6 @@ def _count(n: int) -> str:
 
 def _mean(values: dict[int, float]) -> float:
     return sum(values.values()) / len(values) if values else math.nan
-
-
-def _why_untuned(method: str) -> str:
-    """Why a method has no tuned runs, from its registry entry where it is registered."""
-    load_methods()  # `leaderboard` does not load them up front: only a tuned table asks
-    spec = METHODS.get(method) if method in METHODS else None
-    if spec is not None and not spec.search:
-        return "not tuned: no search space"
-    return "not tuned yet"
-
-
-def tuned_view(runs: list[RunResult]) -> tuple[list[RunResult], dict[int, str]]:
-    """The tuned ranking's runs and their rows (run id -> row, the default row's name): each
-    method's `+tuned` runs where at least one finished, else its default runs. The one rule
-    every tuned figure, table and claim applies."""
-    names = row_names(runs)
-    row = {id(r): names[id(r)].replace(TUNED, "", 1) for r in runs}
-    tuned_rows = {row[id(r)] for r in runs if r.tuning and r.ok}
-    kept = [
-        r for r in runs if (r.tuning and r.ok) or (not r.tuning and row[id(r)] not in tuned_rows)
-    ]
-    return kept, {id(r): row[id(r)] for r in kept}
-
-
-def tuned_values(
-    runs: list[RunResult], metric: str
-) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]], dict[str, str]]:
-    """(default, tuned, notes): each method's per-seed values at its paper defaults and in
-    the tuned ranking (`tuned_view`), keyed by the default row's name, and for each row that
-    ranks with its default values, or has no default ones, a note saying why."""
-    values = per_seed(runs, metric)
-    default = {n: v for n, v in values.items() if TUNED not in n}
-    kept, rows = tuned_view(runs)
-    ranked: dict[str, dict[int, float]] = {}
-    for r in kept:
-        if r.ok and metric in (r.metrics or {}):
-            ranked.setdefault(rows[id(r)], {})[r.seed] = float(r.metrics[metric])
-    method_of = {rows[id(r)]: r.method.name for r in kept}
-    tuned_rows = {rows[id(r)] for r in kept if r.tuning}
-    tuned, notes = {}, {}
-    for name in sorted(ranked):
-        tuned[name] = ranked[name]
-        if name not in tuned_rows:
-            notes[name] = _why_untuned(method_of[name])
-        elif name not in default:
-            notes[name] = "no paper-default runs"
-    return default, tuned, notes
-
-
-def flipped_pairs(
-    default: dict[str, dict[int, float]], tuned: dict[str, dict[int, float]]
-) -> tuple[int, int, list[tuple[str, str]], list[tuple[str, str]]]:
-    """(pairs, flips, resolved flips, reversed verdicts): how many pairs of methods the two
-    tables share, how many are ordered the other way round after tuning (by mean), those
-    flips that reverse an ordering the default table resolved, and those of them that the
-    tuned table resolves the other way (paired t-tests, Benjamini-Hochberg adjusted over all
-    pairs of each table, 5 %): the verdicts tuning overturned."""
-    names = sorted(set(default) & set(tuned))
-    pairs = list(itertools.combinations(names, 2))
-    flips = [(a, b) for a, b in pairs
-             if (_mean(default[a]) - _mean(default[b])) * (_mean(tuned[a]) - _mean(tuned[b])) < 0]  # fmt: skip
-    before = benjamini_hochberg({f"{a}|{b}": compare(default[a], default[b]).p for a, b in pairs})
-    after = benjamini_hochberg({f"{a}|{b}": compare(tuned[a], tuned[b]).p for a, b in pairs})
-    resolved = [(a, b) for a, b in flips if before[f"{a}|{b}"] < ALPHA]
-    reversed_ = [(a, b) for a, b in resolved if after[f"{a}|{b}"] < ALPHA]
-    return len(pairs), len(flips), resolved, reversed_
 
 
 @dataclass(frozen=True)

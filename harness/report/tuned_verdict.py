@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.records import RunResult
+from harness.records import RunResult, pretrained
 from harness.report.claims import claim_rows
 from harness.report.tuned import _mean, gap_rows, tuned_summary
-from harness.report.verdicts import pretrained
 
 SHOWN = 4  # tied names listed per protocol; the rest are counted
 

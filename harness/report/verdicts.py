@@ -1,69 +1,22 @@
-"""Which method is better, and how sure: per-seed values of a metric from result files, the
-comparison of two methods (`harness compare`), and the leaderboard's marks of the methods not
-significantly different from the best (tests against the best's seeds, Benjamini-Hochberg)
-and, under a pretrained backbone, above or below the zero-shot row (the same tests)."""
+"""Which method is better, and how sure, as the tables mark it: the methods not significantly
+different from the best (tests against the best's seeds, Benjamini-Hochberg) and, under a
+pretrained backbone, above or below the zero-shot row (the same tests); and each row's
+P(worse · ≈ · better) against those rows (the correlated t-test of harness.stats.bayes)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from collections.abc import Iterable
 
-from harness.core import CONFIDENCE, Comparison, benjamini_hochberg, compare
-from harness.records import RunResult
+from harness.records import RunResult, pretrained, untrained_row
+from harness.stats import (
+    SCALE,
+    benjamini_hochberg,
+    compare,
+    protocol_rope,
+    seed_probs,
+)
 
 ALPHA = 0.05
-
-
-def row_name(r: RunResult) -> str:
-    """A leaderboard row's name: the method, or `method+tuned` for a tuned configuration."""
-    return f"{r.method.name}+tuned" if r.tuning else r.method.name
-
-
-def hyperparameter_id(r: RunResult) -> str:
-    """Six hex digits that tell one run's hyperparameters from another's."""
-    text = json.dumps(r.method.hyperparameters, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:6]
-
-
-def row_names(runs: Iterable[RunResult]) -> dict[int, str]:
-    """Each run's row (by id(run)): its `row_name`, unless runs of that name differ in method
-    version or hyperparameters: then each configuration is a row of its own, `name@v2` (and
-    `name@v2:1a2b3c` by the hyperparameters' id within one version), so results of different
-    code or settings are never averaged together."""
-    runs = list(runs)
-    configs: dict[str, set[tuple[int, str]]] = {}
-    for r in runs:
-        configs.setdefault(row_name(r), set()).add((r.method.version, hyperparameter_id(r)))
-    names = {}
-    for r in runs:
-        name, mixed = row_name(r), configs[row_name(r)]
-        if len(mixed) > 1:
-            name += f"@v{r.method.version}"
-            if sum(v == r.method.version for v, _ in mixed) > 1:
-                name += f":{hyperparameter_id(r)}"
-        names[id(r)] = name
-    return names
-
-
-def completeness(runs: list[RunResult]) -> tuple[int, int, list[int]]:
-    """(finished, asked, missing) seeds of one method's runs: asked is every seed the runs'
-    sweeps asked for (the protocol's seeds for files that predate `sweep_seeds`)."""
-    asked = {s for r in runs for s in r.asked_seeds()}
-    finished = {r.seed for r in runs if r.ok}
-    return len(finished & asked) if asked else len(finished), len(asked), sorted(asked - finished)
-
-
-def per_seed(runs: Iterable[RunResult], metric: str) -> dict[str, dict[int, float]]:
-    """row name (see row_names) -> {seed: value} over the finished runs that report `metric`."""
-    runs = list(runs)
-    names = row_names(runs)
-    out: dict[str, dict[int, float]] = {}
-    for r in runs:
-        if r.ok and metric in (r.metrics or {}):
-            out.setdefault(names[id(r)], {})[r.seed] = float(r.metrics[metric])
-    return out
 
 
 def against_best(values: dict[str, dict[int, float]]) -> tuple[str | None, dict[str, str]]:
@@ -76,32 +29,6 @@ def against_best(values: dict[str, dict[int, float]]) -> tuple[str | None, dict[
         return None, {}
     best = max(means, key=lambda n: means[n])
     return best, against({n: values[n] for n in means}, best, "best")
-
-
-def pretrained(runs: list[RunResult]) -> bool:
-    """Whether the runs' protocol starts from pretrained weights (backbone.pretrained)."""
-    content = (runs[0].protocol.content or {}) if runs else {}
-    return ((content.get("backbone") or {}).get("pretrained") or "none") != "none"
-
-
-def untrained_row(runs: list[RunResult]) -> str | None:
-    """The one row whose finished runs trained no step (a pretrained backbone's zero-shot
-    features, or random weights from scratch): the reference a method has to beat. None
-    unless exactly one row is such."""
-    names = row_names(runs)
-    steps: dict[str, set[int | None]] = {}
-    for r in runs:
-        if r.ok:
-            steps.setdefault(names[id(r)], set()).add(r.training.steps)
-    rows = [name for name, s in steps.items() if s == {0}]
-    return rows[0] if len(rows) == 1 else None
-
-
-def zero_shot_row(runs: list[RunResult]) -> str | None:
-    """Under a pretrained backbone, the row that trained no step (untrained_row): the
-    pretrained network's own features with no metric learning, which a method has to beat.
-    None for a protocol trained from scratch, or unless exactly one row is such."""
-    return untrained_row(runs) if pretrained(runs) else None
 
 
 def zero_shot_label(row: str) -> str:
@@ -129,17 +56,33 @@ def against(
     return marks
 
 
-def describe(c: Comparison, scale: float = 100.0) -> str:
-    if c.test == "none":
-        return (f"difference {c.difference * scale:+.2f}; no test: a method has only one "
-                "finished seed (run more seeds: --seeds 0,1,2)")  # fmt: skip
-    lo, hi = (c.difference - c.half_width) * scale, (c.difference + c.half_width) * scale
-    unit = " points" if scale == 100.0 else ""
-    return (f"difference {c.difference * scale:+.2f}{unit}, {CONFIDENCE:.0%} CI "
-            f"[{lo:+.2f}, {hi:+.2f}] ({c.test} test, n = {c.n}), p = {c.p:.3g}")  # fmt: skip
+def within_column(label: str, rope: float, tag: str = "") -> str:
+    """The leaderboard's column of probabilities against the `label` row (best, zero-shot);
+    `tag` names a table of its own (", tuned")."""
+    return f"P(worse · ≈ · better) vs {label}{tag}, ±{rope:g}"
 
 
-def main_metric(runs: list[RunResult]) -> str:
-    """The protocol's main metric: what its model selection uses (map@r unless it says)."""
-    content = runs[0].protocol.content or {}
-    return (content.get("evaluation") or {}).get("select_by") or "map@r"
+def within(values: dict[str, dict[int, float]], best: str | None, runs: list[RunResult],
+           tag: str = "") -> dict[str, dict[str, str]]:  # fmt: skip
+    """Within one protocol: column -> row -> cell, each row's probabilities against the
+    `best` row and against the zero-shot (pretrained) or untrained (from scratch) row, by the
+    correlated t-test over the seeds both ran (`values`: row -> seed -> main metric, the
+    complete rows). The reference's own cell names it; a row with one shared seed is
+    untested. `tag` goes into the column names (within_column)."""
+    rope = protocol_rope(runs[0].protocol.content if runs else None)
+    untrained = untrained_row(runs)
+    # the row that trained no step is named by its role under a pretrained backbone, else
+    # by its own name (random weights)
+    references = [(best, "best"), (untrained, "zero-shot" if pretrained(runs) else untrained)]
+    out = {}
+    for reference, label in references:
+        if reference not in values:
+            continue
+        ref = {s: SCALE * v for s, v in values[reference].items()}
+        cells = {reference: label}
+        for name, seeds in values.items():
+            if name != reference:
+                p = seed_probs({s: SCALE * v for s, v in seeds.items()}, ref, rope)
+                cells[name] = p.cell() if p else f"{min(len(seeds), len(ref))} seed: untested"
+        out[within_column(label, rope, tag)] = cells
+    return out

@@ -16,7 +16,7 @@ from harness.sweep.ray import TASK_RETRIES, import_ray, run_task, start_ray, swe
 from harness.sweep.record import new_result, record_outcome
 from harness.sweep.runner import execute, execute_run, sweep
 from harness.sweep.spec import TUNED_SUFFIX, RunSpec, plan, resolve, resolve_all, run_context
-from harness.sweep.tuned import load_overlay, overlay_path, tuning_dir
+from harness.sweep.tuned import load_overlay, overlay_path, read_tuning_file, tuning_dir
 
 __all__ = [
     "ENGINES",
@@ -47,5 +47,6 @@ __all__ = [
     "sweep",
     "sweep_pinned",
     "sweep_ray",
+    "read_tuning_file",
     "tuning_dir",
 ]

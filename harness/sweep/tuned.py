@@ -1,5 +1,6 @@
 """The tuned configurations `harness tune` stores (results/tuning/<protocol>/<method>.yaml),
-read here by `run --tuned`: stored state lives beside its reader, not its writer. A results
+read here by `run --tuned` and by the leaderboard's tuning section (`read_tuning_file`):
+stored state lives beside its readers, not its writer. A results
 folder without one falls back to its committed reference's (results/reference/tuning/...),
 so a fresh clone's `run --tuned` trains with the committed study's configuration.
 """
@@ -87,3 +88,37 @@ def _find(results_dir: str | Path, protocol: str, method: str, max_steps: int | 
         elif not path.is_file() and capped:
             path = capped[-1]
     return path
+
+
+def read_tuning_file(path: Path) -> dict[str, Any]:
+    """A tuning file as the leaderboard's tuning section reads it (its study's numbers and the
+    hyperparameters), or a one-line error naming the file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        problem = " ".join(str(exc).split())
+    else:
+        problem = _tuning_problem(data)
+    if problem:
+        raise HarnessError(
+            f"tuning file {path} is unreadable ({problem}); rerun `{program_name()} tune` "
+            "for it, or move it out of the results folder"
+        )
+    return data
+
+
+def _tuning_problem(data: Any) -> str | None:
+    """What in a tuning file's YAML does not have the shape the tuning section reads."""
+    if not isinstance(data, dict):
+        return "not a mapping"
+    for key in ("study", "hyperparameters"):
+        if not isinstance(data.get(key) or {}, dict):
+            return f"{key}: not a mapping"
+    study = data.get("study") or {}
+    for key in ("best_value", "paper_default_value"):
+        value = study.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"study.{key}: not a number"
+    if not isinstance(study.get("searched") or {}, (dict, list)):
+        return "study.searched: not a mapping or list"
+    return None

@@ -1,4 +1,4 @@
-"""What the hierarchical model across protocols costs (harness.report.hierarchical): the time
+"""What the hierarchical model across protocols costs (harness.stats.hierarchical): the time
 per comparison sampled from nothing, the sampler's compilation, and what the leaderboard's
 equivalence section costs with the committed posteriors against the signed-rank test alone.
 
@@ -49,11 +49,19 @@ def main() -> None:
 
     from harness.core import load_methods
     from harness.records import load_results, machine_fingerprint
-    from harness.report import hierarchical, posteriors
-    from harness.report.bayes import ROPES, SCALE, signed_rank_probs
-    from harness.report.equivalence import ALL, section
-    from harness.report.posteriors import CACHE_FILE, PosteriorCache, inputs_of
-    from harness.report.ranks import average_ranks, by_setting, protocol_blocks, shared_blocks
+    from harness.report.equivalence import section
+    from harness.stats import (
+        ALL,
+        average_ranks,
+        by_setting,
+        hierarchical,
+        nuts,
+        posteriors,
+        protocol_blocks,
+        shared_blocks,
+    )
+    from harness.stats.bayes import ROPES, SCALE, signed_rank_probs
+    from harness.stats.posteriors import CACHE_FILE, PosteriorCache, inputs_of
 
     load_methods()
     reference = REPO / "results" / "reference"
@@ -107,7 +115,7 @@ def main() -> None:
     figures = {
         "machine": machine_fingerprint(torch.device("cpu")),
         "platform": platform.platform(), "cores": os.cpu_count(),
-        "versions": posteriors._versions(), "settings": hierarchical.settings(),
+        "versions": posteriors._versions(), "settings": nuts.settings(),
         "sampled": {"comparisons": len(chosen), "of": len(todo), "wall_s": round(sampled_wall, 1),
                     "first_s": round(seconds[0], 1),
                     "median_s": round(statistics.median(steady), 1),

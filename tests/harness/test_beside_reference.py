@@ -13,7 +13,8 @@ from scipy import stats
 
 from harness.cli import main
 from harness.core import load_methods
-from harness.report.beside import Row, committed_reference, paired, unpaired_probs
+from harness.report.beside import Row, committed_reference, paired
+from harness.stats import unpaired_probs
 
 CARS = committed_reference() / "runs" / "cars"
 

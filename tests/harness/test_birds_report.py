@@ -14,12 +14,12 @@ import pytest
 import yaml
 from scipy.stats import false_discovery_control, ttest_rel
 
-from harness.core import REFERENCE_FILE
-from harness.records import RunResult
+from harness.core import CLAIMS_FILE, REFERENCE_FILE, load_claims
+from harness.records import RunResult, protocol_groups
 from harness.report import render
-from harness.report.agreement import agreement_section, protocol_groups
-from harness.report.claims import CLAIMS_FILE, claim_rows, load_claims
-from harness.report.leaderboard import leaderboard_frame
+from harness.report.agreement import agreement_section
+from harness.report.claims import claim_rows
+from harness.report.table import leaderboard_frame
 
 REPO = Path(__file__).resolve().parents[2]
 PRETRAINED = {"backbone": {"name": "efficientnet_lite0", "pretrained": "imagenet"}}

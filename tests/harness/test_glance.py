@@ -15,24 +15,22 @@ import pandas as pd
 import pytest
 
 from harness.core import load_methods
-from harness.records import load_results
-from harness.report.agreement import agreement_rows, protocol_groups
-from harness.report.equivalence import across
+from harness.records import load_results, protocol_groups
+from harness.report.agreement import agreement_rows
 from harness.report.equivalence import drawing as equivalence_drawing
 from harness.report.forest import dumbbell_drawing, dumbbells, forest, forest_drawing
 from harness.report.glance import draw_glance, glance_section
-from harness.report.leaderboard import leaderboard_frame
-from harness.report.ranks import (
+from harness.report.ranks import bump_caption, bump_drawing, caption, cd_drawing
+from harness.report.table import leaderboard_frame
+from harness.report.tuned import tuned_frame
+from harness.stats import (
     PRETRAINED,
     PRETRAINED_DEFAULT,
     SCRATCH,
     Block,
+    across,
     average_ranks,
     blocks_to_resolve,
-    bump_caption,
-    bump_drawing,
-    caption,
-    cd_drawing,
     critical_difference,
     main_blocks,
     neighbour_taus,
@@ -40,7 +38,6 @@ from harness.report.ranks import (
     rank_test,
     shared_blocks,
 )
-from harness.report.tuned import tuned_frame
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
 FIRST_SCREEN = 60  # README lines
@@ -118,7 +115,8 @@ def test_one_protocol_gives_no_diagram():
 
 def test_each_setting_gets_its_own_diagram_and_bump_chart_and_one_agreement_line(tmp_path):
     from harness.report.glance import _setting_figures
-    from harness.report.ranks import PRETRAINED, SCRATCH, setting_agreement
+    from harness.report.ranks import setting_agreement
+    from harness.stats import PRETRAINED, SCRATCH
 
     order = {"A": 0.5, "B": 0.4, "C": 0.3, "D": 0.2}
     reverse = {"A": 0.2, "B": 0.3, "C": 0.4, "D": 0.5}
@@ -147,13 +145,7 @@ def test_a_tuned_real_photo_setting_is_also_compared_at_the_papers_defaults():
     stands for the tuned one in the comparison over every protocol and in its setting; every
     real-photo protocol also enters at the papers' defaults, as a setting of its own."""
     from harness.records import RunResult
-    from harness.report.ranks import (
-        PRETRAINED,
-        PRETRAINED_DEFAULT,
-        SCRATCH,
-        by_setting,
-        main_blocks,
-    )
+    from harness.stats import PRETRAINED, PRETRAINED_DEFAULT, SCRATCH, by_setting, main_blocks
 
     default = {"A": 0.50, "B": 0.40, "C": 0.30, "D": 0.20}
     tuned = {"A": 0.40, "B": 0.45, "C": 0.50, "D": 0.55}  # tuning reverses the order
@@ -405,8 +397,8 @@ def test_the_readme_and_leaderboard_give_the_committed_tuned_photo_verdict(commi
     """The tuned real-photo verdict (harness.report.tuned_verdict) is on the README's first
     screen and in the leaderboard, as the committed runs give it, and it covers every
     pretrained protocol with tuned runs (and no other)."""
+    from harness.records import pretrained
     from harness.report.tuned_verdict import tuned_verdict
-    from harness.report.verdicts import pretrained
 
     runs = [r for g in committed.values() for r in g]
     text = tuned_verdict(protocol_groups(runs, tuned=True))
@@ -421,7 +413,8 @@ def test_the_readme_and_leaderboard_give_the_committed_tuned_photo_verdict(commi
 
 DRAW = """
 import hashlib, io
-from harness.report.ranks import Block, cd_drawing, rank_test
+from harness.report.ranks import cd_drawing
+from harness.stats import Block, rank_test
 names = [f"method_{c}" for c in "abcdefgh"]
 blocks = [Block(f"p{b}", "map@r", {n: ((i * (b + 3)) % 8) / 10 + i / 100
                                    for i, n in enumerate(names)}, str(b)) for b in range(6)]

@@ -114,7 +114,7 @@ def test_data_and_cost_hints_name_the_installed_program(installed, tmp_path: Pat
     from harness.data.cub200 import listing
     from harness.data.lazy import open_rgb
     from harness.data.torch_decode import read
-    from harness.report.leaderboard import _read_tuning
+    from harness.sweep import read_tuning_file
 
     missing = tmp_path / "missing.jpg"
     for command, call in [
@@ -122,7 +122,7 @@ def test_data_and_cost_hints_name_the_installed_program(installed, tmp_path: Pat
         ("data verify`", lambda: open_rgb(missing)),
         ("data verify`", lambda: read([str(missing)], [None], 8, "cpu")),
         ("cost`", lambda: read_cost(tmp_path / "missing.json")),
-        ("tune`", lambda: _read_tuning(tmp_path / "missing.yaml")),
+        ("tune`", lambda: read_tuning_file(tmp_path / "missing.yaml")),
     ]:
         with pytest.raises(HarnessError) as raised:
             call()

@@ -498,10 +498,8 @@ def test_a_training_class_with_fewer_than_k_photos_is_one_line_before_any_work(t
 
 
 def test_the_claims_across_real_photo_protocols_are_each_protocols_own_verdicts():
-    from harness.records import load_results
-    from harness.report.agreement import protocol_groups
+    from harness.records import load_results, pretrained, protocol_groups
     from harness.report.claims import claim_rows, claims_across
-    from harness.report.verdicts import pretrained
 
     groups = protocol_groups(load_results(REPO / "results" / "reference"))
     photo = [name for name, group in sorted(groups.items()) if pretrained(group)]

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.check import BASELINE_DIR
 from harness.cli import main
 from harness.core import HarnessError, load_methods, load_protocol
 from harness.records import result_path
-from harness.report import BASELINE_DIR, write_leaderboard
+from harness.report import write_leaderboard
 from harness.sweep import checkpoint_path
 from harness.sweep.tuned import load_overlay, overlay_path
 

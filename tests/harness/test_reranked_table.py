@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.reranked import (
-    METRICS,
-    TABLE,
-    metrics_match,
-    protocol_table,
-    read_records,
-    write_table,
-)
+from harness.evaluate.reranked import METRICS, metrics_match
+from harness.report.reranked import TABLE, protocol_table, read_records, write_table
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "results" / "reference" / "reranking"

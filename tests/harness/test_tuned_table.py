@@ -5,9 +5,10 @@ worked out by hand from the per-seed values."""
 from __future__ import annotations
 
 from harness.cli import main
-from harness.records import RunResult
+from harness.records import RunResult, tuned_values
 from harness.report import render
-from harness.report.tuned import flipped_pairs, tuned_frame, tuned_section, tuned_values
+from harness.report.tuned import tuned_frame, tuned_section
+from harness.stats import flipped_pairs
 
 DEFAULT = {"a": [0.30, 0.31, 0.32], "b": [0.20, 0.22, 0.21], "c": [0.10, 0.11, 0.13]}
 TUNED = {"a": [0.32, 0.34, 0.33], "b": [0.40, 0.41, 0.42]}  # c: not tuned
@@ -56,7 +57,7 @@ def test_each_method_is_paired_with_its_tuned_runs_and_an_untuned_one_stands_in(
 def test_a_method_whose_tuned_runs_all_failed_ranks_with_its_defaults_and_so_do_its_claims():
     """One rule (tuned_view) for the tuned table, figures and claims: `b`'s tuned runs all
     failed, so `b` ranks with its default runs, as if never tuned, in values and in runs."""
-    from harness.report.tuned import tuned_view
+    from harness.records import tuned_view
 
     failed = [r for r in runs() if not (r.tuning and r.method.name == "b")]
     failed += [RunResult.from_json({**result("b", s, 0.0, True).to_json(), "status": "failed"})

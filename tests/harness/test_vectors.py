@@ -1,6 +1,7 @@
-"""The vector index under `harness index` / `harness search` (harness/deploy/vectors.py): exact
-search equals brute force, ids survive adds and removals, files round-trip and repeat their
-bytes, the approximate kinds reach a recall floor, and every mistake gets its one-line error."""
+"""The vector index under `harness index` / `harness search` (harness/deploy/vectors.py; its
+kinds, harness/deploy/index_spec.py): exact search equals brute force, ids survive adds and
+removals, files round-trip and repeat their bytes, the approximate kinds reach a recall floor,
+and every mistake gets its one-line error."""
 
 from __future__ import annotations
 
@@ -14,14 +15,8 @@ faiss = pytest.importorskip("faiss")
 
 from harness.core import HarnessError  # noqa: E402
 from harness.deploy import vectors  # noqa: E402
-from harness.deploy.vectors import (  # noqa: E402
-    KINDS,
-    IndexSpec,
-    VectorIndex,
-    build_index,
-    load_index,
-    removes_in_place,
-)
+from harness.deploy.index_spec import KINDS, IndexSpec, removes_in_place  # noqa: E402
+from harness.deploy.vectors import VectorIndex, build_index, load_index  # noqa: E402
 
 # Small settings each kind can build from 4,000 x 32 vectors in well under a second.
 SMALL = {

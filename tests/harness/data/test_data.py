@@ -19,7 +19,7 @@ from PIL import Image
 
 import harness.data as data
 from harness.core import HarnessError
-from harness.data import glyphs, omniglot
+from harness.data import glyph_fonts, glyphs, omniglot
 from harness.data.unicode_blocks import BLOCKS, block_of
 
 SMALL = {"num_classes": 24, "images_per_class": 6, "image_size": 24}
@@ -156,7 +156,7 @@ def test_glyphs_params_change_the_output(small_glyphs, glyph_cache):
 
 @SMALL_GLYPHS
 def test_glyphs_eligible_set(small_glyphs, glyph_cache):
-    eligible = glyphs.eligible_code_points(8, glyph_cache)  # cached by the fixture's build
+    eligible = glyph_fonts.eligible_code_points(8, glyph_cache)  # cached by the fixture's build
     assert 2500 <= len(eligible) <= 3500
     for cp, fonts in eligible.items():
         assert len(fonts) >= 8 and fonts == sorted(set(fonts))
@@ -171,7 +171,7 @@ def test_glyphs_eligible_set(small_glyphs, glyph_cache):
 def test_glyphs_kept_fonts_have_unicode_correct_charmaps():
     from matplotlib.ft2font import FT2Font
 
-    for path in glyphs.font_paths():
+    for path in glyph_fonts.font_paths():
         font = FT2Font(str(path))
         checked = 0
         for cp, gid in font.get_charmap().items():
@@ -187,9 +187,11 @@ def test_glyphs_kept_fonts_have_unicode_correct_charmaps():
 def test_excluded_cm_fonts_would_give_wrong_labels():
     from matplotlib.ft2font import FT2Font
 
-    cmr10 = FT2Font(str(glyphs.font_dir() / "cmr10.ttf"))
+    cmr10 = FT2Font(str(glyph_fonts.font_dir() / "cmr10.ttf"))
     assert cmr10.get_glyph_name(cmr10.get_charmap()[0xA1]) == "Gamma"  # not INVERTED EXCLAMATION
-    assert not any(name.startswith(("cm", "LastResort", "STIXSiz")) for name in glyphs.FONT_FILES)
+    assert not any(
+        name.startswith(("cm", "LastResort", "STIXSiz")) for name in glyph_fonts.FONT_FILES
+    )
 
 
 @SMALL_GLYPHS

@@ -373,8 +373,8 @@ def test_a_run_with_fetch_builds_missing_data_first(github_archive, tmp_path, mo
 def test_files_another_pillow_derived_are_accepted_and_every_run_says_so(tmp_path):
     """A fetch records the files whose bytes differ (their own sha256) beside the data: they
     verify, the data's provenance says so, and a run's source line and record carry it."""
+    from harness.check.machine import rebuilt_data
     from harness.data import DATASETS
-    from harness.report.regression import rebuilt_data
 
     with zipfile.ZipFile(CUB) as z:
         z.extractall(tmp_path)

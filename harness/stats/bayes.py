@@ -33,12 +33,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from harness.records import RunResult
 
 DEFAULT_ROPE = 1.0  # points of the main metric; a protocol's evaluation.rope
 ROPES = (0.5, 1.0, 2.0)  # the sensitivity table's
@@ -132,40 +129,33 @@ def signed_rank_probs(x: Sequence[float], y: Sequence[float], rope: float) -> Pr
     return Probs(float(worse), float(equivalent), float(better), len(x))
 
 
+def unpaired_probs(
+    a: Mapping[object, float], b: Mapping[object, float], rope: float
+) -> Probs | None:
+    """P(a worse by more than `rope` · within it · better) from two independent samples: the
+    Welch posterior of the difference of the means (Student t, Welch-Satterthwaite degrees
+    of freedom, scale the standard error). None with fewer than two values on a side."""
+    from scipy import stats
+
+    xa, xb = list(a.values()), list(b.values())
+    if len(xa) < 2 or len(xb) < 2:
+        return None
+    va, vb = _var(xa) / len(xa), _var(xb) / len(xb)
+    diff = sum(xa) / len(xa) - sum(xb) / len(xb)
+    if va + vb == 0:
+        worse, better = float(diff < -rope), float(diff > rope)
+    else:
+        dof = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
+        t = stats.t(dof, diff, math.sqrt(va + vb))
+        worse, better = float(t.cdf(-rope)), float(1 - t.cdf(rope))
+    return Probs(worse, 1 - worse - better, better, min(len(xa), len(xb)))
+
+
+def _var(x: list[float]) -> float:
+    mean = sum(x) / len(x)
+    return sum((v - mean) ** 2 for v in x) / (len(x) - 1)
+
+
 def _check_rope(rope: float) -> None:
     if not (rope > 0 and math.isfinite(rope)):
         raise ValueError(f"the ROPE must be a positive number of points, got {rope!r}")
-
-
-def within_column(label: str, rope: float, tag: str = "") -> str:
-    """The leaderboard's column of probabilities against the `label` row (best, zero-shot);
-    `tag` names a table of its own (", tuned")."""
-    return f"P(worse · ≈ · better) vs {label}{tag}, ±{rope:g}"
-
-
-def within(values: dict[str, dict[int, float]], best: str | None, runs: list[RunResult],
-           tag: str = "") -> dict[str, dict[str, str]]:  # fmt: skip
-    """Within one protocol: column -> row -> cell, each row's probabilities against the
-    `best` row and against the zero-shot (pretrained) or untrained (from scratch) row, by the
-    correlated t-test over the seeds both ran (`values`: row -> seed -> main metric, the
-    complete rows). The reference's own cell names it; a row with one shared seed is
-    untested. `tag` goes into the column names (within_column)."""
-    from harness.report.verdicts import pretrained, untrained_row
-
-    rope = protocol_rope(runs[0].protocol.content if runs else None)
-    untrained = untrained_row(runs)
-    # the row that trained no step is named by its role under a pretrained backbone, else
-    # by its own name (random weights)
-    references = [(best, "best"), (untrained, "zero-shot" if pretrained(runs) else untrained)]
-    out = {}
-    for reference, label in references:
-        if reference not in values:
-            continue
-        ref = {s: SCALE * v for s, v in values[reference].items()}
-        cells = {reference: label}
-        for name, seeds in values.items():
-            if name != reference:
-                p = seed_probs({s: SCALE * v for s, v in seeds.items()}, ref, rope)
-                cells[name] = p.cell() if p else f"{min(len(seeds), len(ref))} seed: untested"
-        out[within_column(label, rope, tag)] = cells
-    return out

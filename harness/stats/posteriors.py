@@ -1,6 +1,6 @@
 """The hierarchical model's posteriors kept between leaderboard runs
 (`<results-dir>/posteriors/hierarchical.json`): sampling all of the leaderboard's
-comparisons takes minutes (harness.report.hierarchical; docs/verdicts.md has the timings),
+comparisons takes minutes (harness.stats.hierarchical; docs/verdicts.md has the timings),
 so each posterior, summarised, is kept with the inputs that made it.
 
 A kept posterior is a result, keyed by everything that made it: the per-seed values of both
@@ -28,8 +28,10 @@ from typing import Any
 from harness.core.paths import source_tree
 from harness.records.fingerprint import package_versions
 from harness.records.results import write_json_atomic
-from harness.report.bayes import Probs
-from harness.report.hierarchical import Diagnostics, Posterior, Shrunk, settings
+from harness.stats.bayes import Probs
+from harness.stats.convergence import Diagnostics
+from harness.stats.hierarchical import Posterior, Shrunk
+from harness.stats.nuts import settings
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
-"""The Bayesian comparisons with a ROPE (harness.report.bayes, equivalence): the correlated
+"""The Bayesian comparisons with a ROPE (harness.stats.bayes, harness.stats.equivalence; shown by
+harness.report.equivalence): the correlated
 t-test and the signed-rank test against cases worked by hand and against baycomp's outputs,
 the verdicts of identical and shifted methods, the ROPE as a protocol setting, the across-
 protocol section's tables and figure (around a stand-in for the hierarchical model, which
-tests/harness/test_hierarchical.py tests), and the leaderboard and README quoting one
+tests/harness/stats/test_hierarchical.py tests), and the leaderboard and README quoting one
 computation of the committed results."""
 
 from __future__ import annotations
@@ -15,23 +16,23 @@ import numpy as np
 import pytest
 
 from harness.core import HarnessError, load_methods, load_protocol
-from harness.records import load_results
-from harness.report.agreement import protocol_groups
-from harness.report.bayes import (
+from harness.records import load_results, per_seed, protocol_groups
+from harness.report.equivalence import caption, drawing, readme_sentence, section
+from harness.report.table import leaderboard_frame
+from harness.report.verdicts import against_best, within, within_column
+from harness.stats import (
     DECISIVE,
+    PRETRAINED,
     ROPES,
+    Block,
+    across,
+    protocol_blocks,
     seed_probs,
     signed_rank_probs,
     signed_rank_samples,
-    within,
-    within_column,
 )
-from harness.report.equivalence import across, caption, drawing, readme_sentence, section
-from harness.report.leaderboard import leaderboard_frame
-from harness.report.ranks import PRETRAINED, Block, protocol_blocks
-from harness.report.verdicts import against_best, per_seed
 
-REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
+REFERENCE = Path(__file__).resolve().parents[3] / "results" / "reference"
 
 
 def _t2_cdf(t: float) -> float:
@@ -147,7 +148,7 @@ def canned(monkeypatch):
     emptied before and after (the stand-in's must not be taken for the model's)."""
     from canned_posteriors import canned_compare
 
-    from harness.report import hierarchical, posteriors
+    from harness.stats import hierarchical, posteriors
 
     monkeypatch.setattr(hierarchical, "compare", canned_compare)
     monkeypatch.setattr(posteriors, "_MEMORY", {})

@@ -13,23 +13,15 @@ from types import SimpleNamespace
 import pytest
 from stand_in import other_kernels_env
 
+from harness.check import BASELINE_DIR, check
+from harness.check.baselines import load_baseline, update
+from harness.check.compare import ALPHA, MIN_BOUND, WATCH_DROP, compare, t_bound, too_noisy
+from harness.check.verdict import report
 from harness.cli import main
 from harness.core import HarnessError, load_methods, load_protocol
 from harness.records import Environment, MethodInfo, ProtocolInfo, RunResult
-from harness.report import BASELINE_DIR, check
-from harness.report.regression import (
-    ALPHA,
-    MIN_BOUND,
-    WATCH_DROP,
-    compare,
-    load_baseline,
-    report,
-    t_bound,
-    too_noisy,
-    update,
-)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run(method: str, seed: int, metrics: dict, version: int = 1, status: str = "ok") -> RunResult:
@@ -252,7 +244,7 @@ STAND_IN_CHECK = """
 import sys
 from pathlib import Path
 from harness.core import load_methods
-from harness.report import check
+from harness.check import check
 load_methods()
 passed, report = check(sys.argv[1], sys.argv[2].split(","), Path(sys.argv[3]),
                        results_dir=Path(sys.argv[4]))
@@ -320,7 +312,7 @@ def test_planted_regression_fails_in_both_modes_and_on_a_stand_in_machine(tmp_pa
 def test_a_method_made_worse_on_purpose_fails_the_statistical_check(tmp_path: Path):
     """Contrastive with margin 0 never pushes negatives apart: against the committed baseline
     (the same protocol otherwise), its metrics regress beyond the statistical bound."""
-    from harness.report.regression import run_protocol
+    from harness.check.rerun import run_protocol
 
     load_methods()
     text = (

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from harness.cli import main
-from harness.core import benjamini_hochberg, bootstrap_intervals, compare, load_protocol, t_interval
+from harness.core import load_protocol
 from harness.records.results import RESULT_SCHEMA
 from harness.report import against_best, render
+from harness.stats import benjamini_hochberg, bootstrap_intervals, compare, t_interval
 
 
 def test_t_interval_by_hand():

@@ -1,5 +1,5 @@
-"""The hierarchical Bayesian model across protocols (harness.report.hierarchical) and its
-kept posteriors (harness.report.posteriors): the likelihood with sigma_i integrated out
+"""The hierarchical Bayesian model across protocols (harness.stats.hierarchical, its sampler
+harness.stats.nuts) and its kept posteriors (harness.stats.posteriors): the likelihood with sigma_i integrated out
 against numerical integration; known answers (planted twins equivalent, a method 5 points
 below on every seed worse, baycomp's documented example reproduced, one seed per protocol
 falling back to the protocols' means as the signed-rank test sees them); convergence
@@ -26,23 +26,30 @@ from scipy import integrate, stats
 
 from harness.core import HarnessError, load_methods
 from harness.records import load_results
-from harness.report import hierarchical, posteriors
-from harness.report.bayes import DECISIVE, signed_rank_probs
-from harness.report.equivalence import across, caption, section, table
-from harness.report.hierarchical import (
-    Diagnostics,
+from harness.report.equivalence import caption, section, table
+from harness.stats import (
+    PRETRAINED,
+    across,
+    convergence,
+    hierarchical,
+    nuts,
+    posteriors,
+    protocol_blocks,
+)
+from harness.stats.bayes import DECISIVE, signed_rank_probs
+from harness.stats.convergence import Diagnostics
+from harness.stats.hierarchical import (
     NotConverged,
     Posterior,
     check_rope,
     compare,
-    marginal_log_likelihood,
     shared_differences,
     winner_shares,
 )
-from harness.report.posteriors import CACHE_FILE, PosteriorCache
-from harness.report.ranks import PRETRAINED, protocol_blocks
+from harness.stats.nuts import marginal_log_likelihood
+from harness.stats.posteriors import CACHE_FILE, PosteriorCache
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 REFERENCE = REPO / "results" / "reference"
 BAYCOMP = Path(__file__).with_name("baycomp_nbc_j48.csv")
 
@@ -62,7 +69,7 @@ def test_sigma_is_integrated_out_exactly(rho):
     against scipy's quadrature of the multivariate normal over sigma."""
     import jax.numpy as jnp
 
-    hierarchical._jax()
+    nuts._jax()
     x = np.array([[0.4, -0.3, 1.1, 0.2, 0.0], [2.0, 1.0, 1.5, 0.0, 0.0]])
     mask = np.array([[True] * 5, [True, True, True, False, False]])
     delta, upper = np.array([0.3, 1.2]), 4.0
@@ -179,8 +186,8 @@ def test_baycomps_documented_hierarchical_example_is_reproduced():
     draws here, 40,000 there, each share's standard error under 0.01)."""
     a, b = _baycomp_case()
     differences, _ = shared_differences(a, b)
-    samples = hierarchical.sample(differences, rho=0.1)
-    d = hierarchical.diagnostics(samples)
+    samples = nuts.sample(differences, rho=0.1)
+    d = convergence.diagnostics(samples)
     assert d.converged, d.text()
     shares = winner_shares(samples, 1.0)
     assert shares == pytest.approx((0.0795, 0.0365, 0.884), abs=0.03)
@@ -234,7 +241,7 @@ def test_the_table_and_figure_show_a_comparison_that_did_not_converge_as_words(m
     from canned_posteriors import canned_compare
 
     from harness.report.equivalence import drawing, readme_sentence
-    from harness.report.ranks import Block
+    from harness.stats import Block
 
     def compare_(a, b, ropes, **options):
         p = canned_compare(a, b, ropes)
@@ -270,20 +277,20 @@ def test_the_table_and_figure_show_a_comparison_that_did_not_converge_as_words(m
 def test_too_few_draws_do_not_converge_and_the_table_says_so(committed, monkeypatch):
     """20 draws after 20 of warmup (and again after the retry's longer warmup): R-hat and
     ESS say the chains have not mixed, and the cell is words."""
-    monkeypatch.setattr(hierarchical, "WARMUP", 20)
-    monkeypatch.setattr(hierarchical, "DRAWS", 20)
+    monkeypatch.setattr(nuts, "WARMUP", 20)
+    monkeypatch.setattr(nuts, "DRAWS", 20)
     best = _method(committed, "multi_similarity")
     p = compare(_method(committed, "margin"), best, [1.0])
     assert not p.diagnostics.converged and p.diagnostics.draws == 80 and p.diagnostics.retried
-    assert p.diagnostics.rhat >= hierarchical.RHAT_MAX or p.diagnostics.ess <= hierarchical.ESS_MIN
+    assert p.diagnostics.rhat >= convergence.RHAT_MAX or p.diagnostics.ess <= convergence.ESS_MIN
     assert isinstance(p.at(1.0), NotConverged)
 
 
 SCRIPT = """
 import json, sys
-from harness.report import hierarchical
-hierarchical.WARMUP, hierarchical.DRAWS = 200, 200
-s = hierarchical.sample({"p": [0.4, -0.3, 1.1], "q": [2.0, 1.0, 1.5, 0.7, 1.1], "r": [0.1, 0.2]})
+from harness.stats import nuts
+nuts.WARMUP, nuts.DRAWS = 200, 200
+s = nuts.sample({"p": [0.4, -0.3, 1.1], "q": [2.0, 1.0, 1.5, 0.7, 1.1], "r": [0.1, 0.2]})
 print(json.dumps([s.delta0.tolist(), s.std0.tolist(), s.nu.tolist(), s.delta.tolist()]))
 """
 
@@ -293,14 +300,14 @@ def test_the_draws_are_the_same_in_two_processes():
     """The same PRNG key, the same draws, to the last bit, from one process to the next."""
     runs = [subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True,
                            text=True, check=True).stdout for _ in range(2)]  # fmt: skip
-    assert runs[0] == runs[1] and len(json.loads(runs[0])[0]) == hierarchical.CHAINS
+    assert runs[0] == runs[1] and len(json.loads(runs[0])[0]) == nuts.CHAINS
 
 
 # ------------------------------------------------------------------ the kept posteriors
 
 
 def _fake(value: float) -> Posterior:
-    from harness.report.bayes import Probs
+    from harness.stats import Probs
 
     probs = {1.0: Probs(value, 1 - value, 0.0, 2)}
     return Posterior(probs, probs, [], Diagnostics(1.001, 4000.0, 0, 10_000))
@@ -346,7 +353,7 @@ def test_a_kept_posterior_that_does_not_match_its_inputs_is_recomputed_with_a_wa
     data["entries"]["x vs ref"]["inputs"]["p"]["a"]["0"] = 49.0  # edited: the key no longer fits
     path.write_text(json.dumps(data))
     posteriors._MEMORY.clear()
-    with caplog.at_level(logging.WARNING, logger="harness.report.posteriors"):
+    with caplog.at_level(logging.WARNING, logger="harness.stats.posteriors"):
         p = PosteriorCache(path, fallback=None).get("x vs ref", A, B, [1.0], lambda: _fake(0.7))
     assert p.probs[1.0].worse == 0.7
     lines = [r.getMessage() for r in caplog.records]
@@ -356,7 +363,7 @@ def test_a_kept_posterior_that_does_not_match_its_inputs_is_recomputed_with_a_wa
     path.write_text("{not json")
     caplog.clear()
     posteriors._MEMORY.clear()
-    with caplog.at_level(logging.WARNING, logger="harness.report.posteriors"):
+    with caplog.at_level(logging.WARNING, logger="harness.stats.posteriors"):
         p = PosteriorCache(path, fallback=None).get("x vs ref", A, B, [1.0], lambda: _fake(0.4))
     assert p.probs[1.0].worse == 0.4 and "unreadable" in caplog.records[0].getMessage()
 
@@ -379,8 +386,7 @@ def test_a_protocol_with_one_shared_seed_is_left_out_and_named(monkeypatch, capl
     the caption says so, and the other methods keep all protocols."""
     from canned_posteriors import canned_compare
 
-    from harness.report import equivalence
-    from harness.report.ranks import Block
+    from harness.stats import Block, equivalence
 
     monkeypatch.setattr(hierarchical, "compare", canned_compare)
     monkeypatch.setattr(equivalence, "_WARNED", set())
@@ -391,7 +397,7 @@ def test_a_protocol_with_one_shared_seed_is_left_out_and_named(monkeypatch, capl
                   "C": {s: base - 0.05 for s in range(1 if name == "cars" else 3)}}  # fmt: skip
         means = {m: float(np.mean(list(v.values()))) for m, v in values.items()}
         blocks.append(Block(name, "map@r", means, name, seeds=3, values=values))
-    with caplog.at_level(logging.WARNING, logger="harness.report.equivalence"):
+    with caplog.at_level(logging.WARNING, logger="harness.stats.equivalence"):
         a = across(blocks)
         across(blocks)  # the leaderboard's second look (the figure, then the section)
     [line] = [r.getMessage() for r in caplog.records]

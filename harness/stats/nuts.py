@@ -1,7 +1,5 @@
-"""Two methods over several protocols, every seed of every protocol: the hierarchical Bayesian
-model of Corani, Benavoli, Demšar, Mangili and Zaffalon, "Statistical comparison of
-classifiers through Bayesian hierarchical modelling" (Machine Learning 106, 2017), sampled by
-NumPyro's NUTS from a fixed PRNG key, so that a posterior regenerates draw for draw.
+"""The hierarchical model of harness.stats.hierarchical in NumPyro, and its NUTS chains: sampled
+from a fixed PRNG key, so that a posterior regenerates draw for draw.
 
 The model, for the differences x_ij (points of the main metric, method minus reference) on
 seed j of protocol i, as the authors' Stan program states it (baycomp 1.0.3,
@@ -20,7 +18,7 @@ deviations, as baycomp does (s_within is then 1; s_among is the standard deviati
 protocols' means, in those units; both with ddof 0, baycomp's np.std). The correlation rho
 is 0 here: the seeds are independent trainings evaluated on one fixed split, not
 cross-validation folds that share training data (docs/verdicts.md; the within-protocol test,
-harness.report.bayes.seed_probs, uses 0 for the same reason). baycomp's 1 / folds is
+harness.stats.bayes.seed_probs, uses 0 for the same reason). baycomp's 1 / folds is
 available for its own examples.
 
 Two changes of computation that leave the posterior as it is:
@@ -33,52 +31,20 @@ Two changes of computation that leave the posterior as it is:
 - nu - 1 is drawn as Gamma(alpha, 1) / beta, the same distribution as Gamma(alpha, beta),
   without the funnel between beta and nu.
 
-Where the paper's model has no answer, the harness says what it does instead:
-
-- A protocol whose differences have no spread at all (twins: a copy of a method with its
-  seeds) has a likelihood without bound at sigma_i = 0; its delta_i enters as known (the
-  limit sigma_i -> 0), like the within-protocol test, which puts the whole mass on the mean
-  difference. When every protocol is so and all share one value, nothing is sampled: the
-  whole mass is on that value (`exact`).
-- A protocol with fewer than 2 shared seeds for the pair has no within-protocol spread (the
-  Stan program needs 2) and is left out; the result names it. When no protocol has 2, each
-  protocol's one difference enters as a known delta_i: the model is then a Student-t over the
-  protocols' differences, the information the signed-rank test uses (`means_only`).
-- s_among of 0 (every protocol the same mean difference) would make std0's prior a point;
-  s_within takes its place.
-
-What a comparison returns: P(worse · ≈ · better), the posterior predictive probability that
-the next protocol's mean difference delta_new ~ Student-t(nu, delta0, std0) lies below -ROPE,
-within it, or above (the mean over the draws of each draw's three t masses: the question of
-the paper's Section 4, "the next data set"; baycomp instead counts the draws in which each
-region is the most probable, which `winner_shares` gives for comparison with it); each
-protocol's shrunk mean difference delta_i with its 95 % central interval; and the
-diagnostics: split R-hat and effective sample size (numpyro.diagnostics, on rank-normalised
-draws) of delta0, std0, nu and every delta_i, and the divergent transitions. Under R-hat
-1.01 and over 400 effective draws each (Vehtari et al., "Rank-normalization, folding, and
-localization", Bayesian Analysis 2021) with no more than 1 % of the transitions divergent,
-the comparison converged. One that has not is sampled once more, with a longer warmup and
-smaller steps; if it still has not, its probabilities are not reported (`NotConverged`),
-never as a number.
+The settings here (SEED, CHAINS, WARMUP, DRAWS, the priors' bounds, the step-size target)
+fix a posterior besides its data: `settings()` lists them for the key of every kept
+posterior (harness.stats.posteriors).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 import os
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from harness.core import HarnessError
-from harness.report.bayes import DECISIVE, Probs
-
-log = logging.getLogger(__name__)
 
 MODEL_VERSION = 1  # part of every cached posterior's key: raise it when the model changes
 SEED = 0  # the PRNG key of every comparison: its posterior regenerates draw for draw
@@ -89,10 +55,18 @@ RHO = 0.0  # the correlation of one protocol's seeds (docs/verdicts.md)
 ALPHA_BOUNDS = (1.0, 2.0)  # nu - 1 ~ Gamma(alpha, beta): baycomp's lower_alpha, upper_alpha
 BETA_BOUNDS = (0.01, 0.1)  # and lower_beta, upper_beta
 UPPER_SIGMA = 1000.0  # baycomp's upper_sigma: the scales' priors reach 1000 sample sds
-RHAT_MAX = 1.01
-ESS_MIN = 400.0
-DIVERGENT_MAX = 0.01  # a share of the draws
-INTERVAL = 0.95  # of the shrunk means
+# A protocol with this many seeds or more is sampled as delta_i itself (centred); one with
+# fewer as delta0 + std0 z_i (non-centred): its seeds alone give delta_i a likelihood
+# ~ Student-t with n - 2 degrees of freedom (sigma_i integrated out), of infinite variance
+# below 5 seeds, and a chain that samples such a delta_i centred sticks for hundreds of draws
+# at small std0 (measured: R-hat 1.045 on 3-seed protocols; 1.002 with this rule).
+CENTRED_SEEDS = 5
+PAD = 8  # the arrays' sizes are multiples of this: one compiled sampler for most comparisons
+TARGET_ACCEPT = 0.95  # NUTS's step-size target: 0.8 left divergences at small std0
+# A comparison not converged is sampled once more, with a longer warmup and smaller steps (2
+# of the 84 committed comparisons needed it: a chain stuck at a small nu; both then converged)
+RETRY_WARMUP, RETRY_TARGET_ACCEPT = 2000, 0.99
+_CHAINS: dict[tuple[int, ...], Any] = {}  # one compiled chain per padded shape
 
 
 def settings() -> dict[str, Any]:
@@ -107,90 +81,6 @@ def settings() -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class NotConverged:
-    """A comparison whose chains did not agree: its diagnostics, shown as words."""
-
-    rhat: float
-    ess: float
-    divergent: int
-
-    def verdict(self, threshold: float = DECISIVE) -> str:
-        return "not converged"
-
-    def cell(self) -> str:
-        """`not converged (R-hat 1.04, ESS 180)`: no probability is shown."""
-        return f"not converged (R-hat {self.rhat:.2f}, ESS {self.ess:.0f})"
-
-
-@dataclass(frozen=True)
-class Shrunk:
-    """One protocol's mean difference after shrinkage (points): posterior mean and the 95 %
-    central interval; `known` where it entered as known (no spread, or means only)."""
-
-    protocol: str
-    mean: float
-    low: float
-    high: float
-    seeds: int
-    known: bool = False
-
-
-@dataclass(frozen=True)
-class Diagnostics:
-    """The worst R-hat and effective sample size over delta0, std0, nu and every delta_i,
-    the divergent transitions, and the draws; `exact` where nothing was sampled."""
-
-    rhat: float
-    ess: float
-    divergent: int
-    draws: int
-    exact: bool = False
-    retried: bool = False  # sampled a second time, with RETRY_WARMUP and RETRY_TARGET_ACCEPT
-
-    @property
-    def converged(self) -> bool:
-        return self.exact or (self.rhat < RHAT_MAX and self.ess > ESS_MIN
-                              and self.divergent <= DIVERGENT_MAX * self.draws)  # fmt: skip
-
-    def text(self) -> str:
-        """`R-hat 1.002, ESS 3,120, 0 divergent of 10,000`, or `exact (nothing sampled)`."""
-        if self.exact:
-            return "exact (nothing sampled)"
-        again = ", sampled twice" if self.retried else ""
-        return (f"R-hat {self.rhat:.3f}, ESS {self.ess:,.0f}, {self.divergent} divergent of "
-                f"{self.draws:,}{again}")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Posterior:
-    """A comparison's posterior, summarised: the predictive probabilities at each ROPE asked
-    for, the shrunk means, the protocols left out, the diagnostics and what it cost."""
-
-    probs: dict[float, Probs]
-    shares: dict[float, Probs]
-    shrunk: list[Shrunk]
-    diagnostics: Diagnostics
-    left_out: list[str] = field(default_factory=list)
-    means_only: bool = False
-    seconds: float = 0.0
-
-    def at(self, rope: float) -> Probs | NotConverged:
-        """The predictive probabilities at `rope`, or NotConverged: a table shows words, not
-        numbers."""
-        d = self.diagnostics
-        if not d.converged:
-            return NotConverged(d.rhat, d.ess, d.divergent)
-        return self.probs[rope]
-
-    def shares_at(self, rope: float) -> Probs | NotConverged:
-        """baycomp's convention at `rope` (winner_shares), or NotConverged."""
-        d = self.diagnostics
-        if not d.converged:
-            return NotConverged(d.rhat, d.ess, d.divergent)
-        return self.shares[rope]
-
-
-@dataclass(frozen=True)
 class Samples:
     """The draws that matter, in points: delta0, std0 and nu (each chains × draws), and the
     sampled protocols' delta_i (chains × draws × protocols)."""
@@ -200,27 +90,6 @@ class Samples:
     nu: np.ndarray
     delta: np.ndarray
     divergent: int
-
-
-def check_rope(rope: float) -> None:
-    """A ROPE must be a positive, finite number of points."""
-    if not (isinstance(rope, (int, float)) and math.isfinite(rope) and rope > 0):
-        raise HarnessError(f"the ROPE must be a positive number of points, got {rope!r}: set "
-                           "evaluation.rope in the protocol (or the ROPE asked for) above 0")  # fmt: skip
-
-
-def shared_differences(
-    a: Mapping[str, Mapping[int, float]], b: Mapping[str, Mapping[int, float]],
-) -> tuple[dict[str, list[float]], list[str]]:  # fmt: skip
-    """Per protocol (a: protocol -> seed -> value, in points), a minus b on the seeds both
-    ran, in seed order; and the protocols left out for fewer than 2 shared seeds (kept, as
-    one difference each, when no protocol has 2: then the model sees the means only)."""
-    every = {p: [a[p][s] - b[p][s] for s in sorted(set(a[p]) & set(b.get(p, {})))]
-             for p in a}  # fmt: skip
-    kept = {p: d for p, d in every.items() if len(d) >= 2}
-    if kept:
-        return kept, sorted(p for p in every if p not in kept)
-    return {p: d for p, d in every.items() if d}, sorted(p for p, d in every.items() if not d)
 
 
 def marginal_log_likelihood(x: Any, mask: Any, delta: Any, upper: Any, rho: Any = RHO) -> Any:
@@ -269,20 +138,6 @@ def _model(x, mask, rows, centred, known, known_mask, bounds):  # noqa: ANN001, 
     seeds = marginal_log_likelihood(x, mask, delta, sigma_high, rho)
     numpyro.factor("seeds", jnp.where(rows, prior + seeds, -0.5 * raw**2).sum())
     numpyro.factor("known", jnp.where(known_mask, t.log_prob(known), 0.0).sum())
-
-
-# A protocol with this many seeds or more is sampled as delta_i itself (centred); one with
-# fewer as delta0 + std0 z_i (non-centred): its seeds alone give delta_i a likelihood
-# ~ Student-t with n - 2 degrees of freedom (sigma_i integrated out), of infinite variance
-# below 5 seeds, and a chain that samples such a delta_i centred sticks for hundreds of draws
-# at small std0 (measured: R-hat 1.045 on 3-seed protocols; 1.002 with this rule).
-CENTRED_SEEDS = 5
-PAD = 8  # the arrays' sizes are multiples of this: one compiled sampler for most comparisons
-TARGET_ACCEPT = 0.95  # NUTS's step-size target: 0.8 left divergences at small std0
-# A comparison not converged is sampled once more, with a longer warmup and smaller steps (2
-# of the 84 committed comparisons needed it: a chain stuck at a small nu; both then converged)
-RETRY_WARMUP, RETRY_TARGET_ACCEPT = 2000, 0.99
-_CHAINS: dict[tuple[int, ...], Any] = {}  # one compiled chain per padded shape
 
 
 def _jax() -> None:
@@ -439,109 +294,3 @@ def sample(
     v = {k: np.asarray(a, np.float64) for k, a in values.items()}  # chains × draws (× rows)
     return Samples(v["delta0"] * scale, v["std0"] * scale, v["nu"],
                    v["delta"][:, :, : len(rows)] * scale, int(np.asarray(diverging).sum()))  # fmt: skip
-
-
-def predictive(samples: Samples, rope: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each draw's t masses of delta_new below -rope and above +rope."""
-    from scipy import stats
-
-    t = stats.t(samples.nu.ravel(), samples.delta0.ravel(), samples.std0.ravel())
-    return t.cdf(-rope), t.sf(rope)
-
-
-def predictive_probs(samples: Samples, rope: float, n: int) -> Probs:
-    """P(worse · ≈ · better) of the next protocol's mean difference: the draws' mean masses."""
-    worse, better = (float(p.mean()) for p in predictive(samples, rope))
-    return Probs(worse, 1 - worse - better, better, n)
-
-
-def winner_shares(samples: Samples, rope: float) -> tuple[float, float, float]:
-    """baycomp's `Posterior.probs` of the same draws: the share of draws in which each region
-    is the most probable (its documentation's numbers are these)."""
-    worse, better = predictive(samples, rope)
-    triple = np.stack([worse, 1 - worse - better, better], axis=1)
-    shares = np.bincount(np.argmax(triple, axis=1), minlength=3) / len(triple)
-    return float(shares[0]), float(shares[1]), float(shares[2])
-
-
-def _normal_scores(x: np.ndarray) -> np.ndarray:
-    """The draws (chains × draws) rank-normalised: ranks over all chains mapped to normal
-    quantiles, (r - 3/8) / (S + 1/4), as Vehtari et al. 2021 do."""
-    from scipy.special import ndtri
-    from scipy.stats import rankdata
-
-    ranks = rankdata(x, method="average").reshape(x.shape)
-    return ndtri((ranks - 0.375) / (x.size + 0.25))
-
-
-def diagnostics(samples: Samples) -> Diagnostics:
-    """numpyro.diagnostics' split R-hat and effective sample size of delta0, std0, nu and
-    every sampled delta_i, on their draws rank-normalised (Vehtari et al., "Rank-
-    normalization, folding, and localization: an improved R-hat", Bayesian Analysis 2021):
-    R-hat the larger of the bulk's and the folded draws' (|x - median|, the tails'), ESS the
-    bulk's; the worst of each. Plain R-hat misjudges std0 and nu, whose posteriors have tails
-    out to their priors' bounds over a few protocols: one excursion of one chain moved it
-    past 1.03 where the rank-normalised one said 1.004."""
-    from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
-
-    chains, draws = samples.delta0.shape
-    columns = [samples.delta0, samples.std0, samples.nu,
-               *(samples.delta[:, :, i] for i in range(samples.delta.shape[2]))]  # fmt: skip
-    rhat, ess = 0.0, math.inf
-    for c in columns:
-        bulk, folded = _normal_scores(c), _normal_scores(np.abs(c - np.median(c)))
-        rhat = max(rhat, float(split_gelman_rubin(bulk)), float(split_gelman_rubin(folded)))
-        ess = min(ess, float(effective_sample_size(bulk)))
-    return Diagnostics(rhat, ess, samples.divergent, chains * draws)
-
-
-def compare(
-    a: Mapping[str, Mapping[int, float]], b: Mapping[str, Mapping[int, float]],
-    ropes: Sequence[float], **options: Any,
-) -> Posterior | None:  # fmt: skip
-    """`a` against `b` (protocol -> seed -> main metric, in points) by the hierarchical model:
-    the predictive probabilities at each of `ropes`, the shrunk means and the diagnostics;
-    None when no protocol has a shared seed. `options` go to `sample` (rho, seed, chains,
-    warmup, draws)."""
-    for rope in ropes:
-        check_rope(rope)
-    start = time.perf_counter()
-    differences, left_out = shared_differences(a, b)
-    if not differences:
-        return None
-    means_only = all(len(d) < 2 for d in differences.values())
-    known = {p: float(np.mean(d)) for p, d in differences.items()
-             if means_only or float(np.std(d)) == 0}  # fmt: skip
-    sampled = {p: d for p, d in differences.items() if p not in known}
-    n = len(differences)
-    values = set(known.values())
-    if not sampled and len(values) == 1:  # nothing to sample: every difference one value
-        value = values.pop()
-        shrunk = [Shrunk(p, value, value, value, len(differences[p]), True) for p in differences]
-        # the whole mass on one value (as seed_probs does for no spread at all)
-        exact = {r: Probs(float(value < -r), float(abs(value) <= r), float(value > r), n)
-                 for r in ropes}  # fmt: skip
-        return Posterior(exact, exact, shrunk, Diagnostics(1.0, 0.0, 0, 0, exact=True),
-                         left_out, means_only, time.perf_counter() - start)  # fmt: skip
-    samples = sample(sampled, known, **options)
-    checked = diagnostics(samples)
-    if not checked.converged:  # once more, longer and with smaller steps
-        log.info("hierarchical model: not converged (%s); sampling once more with %d warmup "
-                 "iterations and a step-size target of %g", checked.text(), RETRY_WARMUP,
-                 RETRY_TARGET_ACCEPT)  # fmt: skip
-        retry = {**options, "warmup": RETRY_WARMUP, "target_accept": RETRY_TARGET_ACCEPT}
-        samples = sample(sampled, known, **retry)
-        checked = dataclasses.replace(diagnostics(samples), retried=True)
-    tail = (1 - INTERVAL) / 2 * 100
-    shrunk = []
-    for p, d in differences.items():
-        if p in known:
-            shrunk.append(Shrunk(p, known[p], known[p], known[p], len(d), True))
-            continue
-        draws = samples.delta[:, :, list(sampled).index(p)].ravel()
-        low, high = np.percentile(draws, [tail, 100 - tail])
-        shrunk.append(Shrunk(p, float(draws.mean()), float(low), float(high), len(d)))
-    probs = {r: predictive_probs(samples, r, n) for r in ropes}
-    shares = {r: Probs(*winner_shares(samples, r), n) for r in ropes}
-    return Posterior(probs, shares, shrunk, checked, left_out, means_only,
-                     time.perf_counter() - start)  # fmt: skip
