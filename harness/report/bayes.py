@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.core import shared_seeds
+
 if TYPE_CHECKING:
     from harness.records import RunResult
 
@@ -86,8 +88,8 @@ def seed_probs(a: Mapping[int, float], b: Mapping[int, float], rope: float) -> P
     from scipy import stats
 
     _check_rope(rope)
-    shared = sorted(set(a) & set(b))
-    if len(shared) < 2:
+    shared = shared_seeds(a, b)  # the one pairing rule (harness.core.pairing)
+    if shared is None:
         return None
     d = np.array([a[s] - b[s] for s in shared], dtype=np.float64)
     mean, variance = float(d.mean()), float(d.var(ddof=1)) / len(d)

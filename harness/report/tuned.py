@@ -23,6 +23,7 @@ from tabulate import tabulate
 from harness.core import METHODS, benjamini_hochberg, compare, load_methods, t_interval
 from harness.records import RunResult
 from harness.report.bayes import within
+from harness.report.machines import tuned_machines_line
 from harness.report.verdicts import (
     ALPHA,
     against,
@@ -313,6 +314,7 @@ def tuned_section(runs: list[RunResult]) -> list[str]:
         f"{len(moved) - up - down} within their seeds' noise; most: "
         + ", ".join(f"{n} {100 * moved[n].difference:+.1f}" for n in most) + ".",
     ]  # fmt: skip
+    lines += tuned_machines_line(runs)  # which machines, where seeds pair across two
     won = sorted(default_won(runs))
     if won:
         lines.append(f"- **The paper default won its study** ({len(won)}; their tuned runs "
