@@ -39,8 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--reference", nargs="?", const="", metavar="DIR",
                      help="also read the committed reference runs of the same protocol hash "
                      "from DIR (default: the clone's results/reference): a method you have not "
-                     "run is taken from there, and runs from another machine are compared "
-                     "unpaired")  # fmt: skip
+                     "run is taken from there; seeds pair whichever machine made them, as "
+                     "everywhere")  # fmt: skip
     add_plugin_option(cmp)
     cmp.set_defaults(handler=cmd_compare)
 
@@ -60,6 +60,7 @@ def describe(c: Comparison, scale: float = 100.0) -> str:
 def cmd_compare(args: argparse.Namespace) -> int:
 
     from harness.records import per_seed
+    from harness.report.machines import across_line, row_machines
 
     protocol = load_protocol(args.protocol)
     metric = args.metric or protocol.evaluation.select_by
@@ -93,6 +94,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"  {name}: {mean * scale:.2f}{spread} ({len(v)} seed{'s' * (len(v) != 1)}: "
               f"{', '.join(map(str, sorted(v)))})")  # fmt: skip
     print(f"  {args.a} − {args.b}: {describe(compare(a, b), scale)}")
+    machines = row_machines(runs)
+    _machines_note(args.a, args.b, across_line({n: machines[n] for n in (args.a, args.b)}))
     rope = protocol.evaluation.rope
     probs = seed_probs({s: scale * v for s, v in a.items()}, {s: scale * v for s, v in b.items()},
                        rope)  # fmt: skip
@@ -100,6 +103,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"  P({args.a} worse · ≈ · better than {args.b}, ROPE ±{rope:g}): {probs.cell()} "
               f"(Bayesian correlated t-test over the {probs.n} seeds both ran)")  # fmt: skip
     return 0
+
+
+def _machines_note(a: str, b: str, line: str) -> None:
+    """Where the two rows come from different machines, say so, and that their seeds pair."""
+    if line:
+        print(f"  {a} and {b} were {line}")
 
 
 def _no_runs(
@@ -141,6 +150,7 @@ def _with_reference(args: argparse.Namespace, protocol: Protocol, metric: str,
     """compare --reference: A and B among your runs and the reference's of the same hash
     (yours first; a reference row of a name you also ran is `NAME (reference)`)."""
     from harness.report.beside import committed_reference, matching, rows, versus
+    from harness.report.machines import across_line
 
     if args.max_steps is not None:
         raise HarnessError("--reference compares full runs only: drop --max-steps")
@@ -165,6 +175,7 @@ def _with_reference(args: argparse.Namespace, protocol: Protocol, metric: str,
               f"{len(row.values)} seeds, made on {row.described})")  # fmt: skip
     comparison, probs = versus(a, b, rope, scale)
     print(f"  {a.name} − {b.name}: {describe(comparison, scale)}")
+    _machines_note(a.name, b.name, across_line({r.name: frozenset({r.described}) for r in (a, b)}))
     if probs is not None:
         print(f"  P({a.name} worse · ≈ · better than {b.name}, ROPE ±{rope:g}): {probs.cell()}")
     return 0

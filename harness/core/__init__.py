@@ -45,6 +45,7 @@ from harness.core.metric_names import (
 )
 from harness.core.names import NAME_PATTERN, is_plain_name, safe_folder
 from harness.core.pair_auc import euclidean_score, sample_pairs
+from harness.core.pairing import shared_seeds
 from harness.core.paths import (
     PROTOCOL_DIR,
     REFERENCE_FILE,
@@ -170,6 +171,7 @@ __all__ = [
     "load_plugin",
     "plugin_option",
     "plugins_loaded",
+    "shared_seeds",
     "unload_plugin",
     "load_protocol",
     "paper_results",

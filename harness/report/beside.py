@@ -6,12 +6,13 @@ of the same protocol hash are committed under results/reference, made under the 
 your runs carry. This module reads them as rows of one table, each marked `reference` with
 the machine that made it.
 
-Runs made on another machine type are seed samples of the same experiment, not the same
-samples: seed k there and seed k here share no noise worth pairing. So a test between a row
-of yours and a reference row is unpaired (Welch's t-test; for P(worse · ≈ · better), the
-Welch posterior of the difference of the means) unless both sides were made on one machine
-fingerprint, where the seeds pair as usual. Reference runs of another protocol hash are
-never set beside yours: the refusal says which hashes each side has.
+Seeds pair as everywhere else, by the one rule of harness.core.pairing: seed k of your row
+and seed k of a reference row share the initial weights and the batch order whatever
+machines made them, so a test between the two is paired over the seeds both ran (the
+machine is shown beside each row, never used to unpair); rows sharing fewer than two seeds
+are compared unpaired (Welch's t-test, and the Welch posterior of the difference of the
+means). Reference runs of another protocol hash are never set beside yours: the refusal
+says which hashes each side has.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from harness.core import UNBOUNDED_METRICS, HarnessError
+from harness.core import UNBOUNDED_METRICS, HarnessError, shared_seeds
 from harness.records import (
     RunResult,
     describe,
@@ -118,23 +119,18 @@ def rows(mine: list[RunResult], theirs: list[RunResult], metric: str) -> dict[st
 
 
 def paired(a: Row, b: Row) -> bool:
-    """Whether a's seed k and b's seed k may be paired: one side, or one machine fingerprint."""
-    return a.source == b.source or (bool(a.machines) and a.machines == b.machines)
+    """Whether a's seed k and b's seed k pair: the one rule (harness.core.pairing), which the
+    side and the machines do not enter."""
+    return shared_seeds(a.values, b.values) is not None
 
 
 def versus(a: Row, b: Row, rope: float, scale: float) -> tuple[object, Probs | None]:
-    """a against b: the frequentist comparison and P(worse · ≈ · better), paired when
-    `paired` allows, else unpaired."""
-    if paired(a, b):
-        pa, pb = a.values, b.values
-        probs = seed_probs({s: scale * v for s, v in pa.items()},
-                           {s: scale * v for s, v in pb.items()}, rope)  # fmt: skip
-    else:  # distinct keys: compare() takes Welch's test
-        pa = {("a", s): v for s, v in a.values.items()}
-        pb = {("b", s): v for s, v in b.values.items()}
-        probs = unpaired_probs({k: scale * v for k, v in pa.items()},
-                               {k: scale * v for k, v in pb.items()}, rope)  # fmt: skip
-    return compare(pa, pb), probs
+    """a against b: the frequentist comparison and P(worse · ≈ · better), paired or unpaired
+    by the one rule (compare() applies it too)."""
+    pa = {s: scale * v for s, v in a.values.items()}
+    pb = {s: scale * v for s, v in b.values.items()}
+    probs = seed_probs(pa, pb, rope) if paired(a, b) else unpaired_probs(pa, pb, rope)
+    return compare(a.values, b.values), probs
 
 
 def beside_section(mine: list[RunResult], theirs: list[RunResult], reference: Path) -> str:
@@ -142,9 +138,10 @@ def beside_section(mine: list[RunResult], theirs: list[RunResult], reference: Pa
     metric, with `vs best` (Benjamini-Hochberg over the rows) and P(worse · ≈ · better)."""
     lines = ["", "## Beside the committed reference", "",
              f"Your runs and the reference runs of `{reference}` under the same protocol hash, "
-             "in one table; no reference run was made again. Tests between rows from one "
-             "machine fingerprint pair the seeds; between yours and a reference row made on "
-             "another machine they are unpaired (Welch), as seed samples of one experiment."]  # fmt: skip
+             "in one table; no reference run was made again. Tests pair the seeds both rows "
+             "ran, whichever machines made them (seed k fixes the initial weights and the batch "
+             "order on any machine; docs/verdicts.md#one-rule-for-runs-from-two-machines), and "
+             "are unpaired (Welch) only between rows sharing fewer than two seeds."]  # fmt: skip
     mine = full_budget(mine)
     for hash_ in sorted({r.protocol.hash for r in mine}):
         here = [r for r in mine if r.protocol.hash == hash_]

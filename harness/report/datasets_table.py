@@ -11,9 +11,7 @@ gain over zero-shot. The numbers come from the same per-seed values as the table
 from __future__ import annotations
 
 from harness.data.photo_sets import SETS
-from harness.records import RunResult
-from harness.report.tuned import tuned_values
-from harness.report.verdicts import main_metric, pretrained, zero_shot_row
+from harness.records import RunResult, main_metric, pretrained, tuned_values, zero_shot_row
 
 HEADER = ("| protocol | dataset | domain | classes (train / test) | photos | zero-shot MAP@R | "
           "best tuned MAP@R | gain |\n|---|---|---|---|---|---|---|---|")  # fmt: skip

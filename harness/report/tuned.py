@@ -28,6 +28,7 @@ from harness.records import (
     untrained_row,
     zero_shot_row,
 )
+from harness.report.machines import tuned_machines_line
 from harness.report.verdicts import ALPHA, against, against_best, within, zero_shot_label
 from harness.stats import compare, flipped_pairs, t_interval
 
@@ -241,6 +242,7 @@ def tuned_section(runs: list[RunResult]) -> list[str]:
         f"{len(moved) - up - down} within their seeds' noise; most: "
         + ", ".join(f"{n} {100 * moved[n].difference:+.1f}" for n in most) + ".",
     ]  # fmt: skip
+    lines += tuned_machines_line(runs)  # which machines, where seeds pair across two
     won = sorted(default_won(runs))
     if won:
         lines.append(f"- **The paper default won its study** ({len(won)}; their tuned runs "

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.pairing import shared_seeds
+
 DEFAULT_ROPE = 1.0  # points of the main metric; a protocol's evaluation.rope
 ROPES = (0.5, 1.0, 2.0)  # the sensitivity table's
 DECISIVE = 0.95  # a verdict needs this posterior probability
@@ -83,8 +85,8 @@ def seed_probs(a: Mapping[int, float], b: Mapping[int, float], rope: float) -> P
     from scipy import stats
 
     _check_rope(rope)
-    shared = sorted(set(a) & set(b))
-    if len(shared) < 2:
+    shared = shared_seeds(a, b)  # the one pairing rule (harness.core.pairing)
+    if shared is None:
         return None
     d = np.array([a[s] - b[s] for s in shared], dtype=np.float64)
     mean, variance = float(d.mean()), float(d.var(ddof=1)) / len(d)

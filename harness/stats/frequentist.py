@@ -6,8 +6,9 @@
   the test set alone moves it. Only per-query metrics (retrieval) have one; NMI, F1 and LDA
   are scores of the whole split.
 - Between two methods: a paired t-test over the seeds both ran (seed s of A and seed s of B
-  share the initial weights and the batch order); with fewer than two shared seeds, Welch's
-  t-test on whatever each has. Several methods against the best: Benjamini-Hochberg.
+  share the initial weights and the batch order, whatever machine ran them: the one rule of
+  harness.core.pairing); with fewer than two shared seeds, Welch's t-test on whatever each
+  has. Several methods against the best: Benjamini-Hochberg.
 - Two rankings of the same methods (tuned against paper defaults): which pairwise orderings
   flip, and which of those flips reverse an ordering the tests had resolved.
 """
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from harness.core.pairing import shared_seeds
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 1000
@@ -62,8 +65,8 @@ def compare(
 ) -> Comparison:
     """Compare two methods' per-seed values (seed -> value). NaN p when no test is possible
     (one value on a side, or identical constant samples)."""
-    shared = sorted(set(a) & set(b))
-    if len(shared) >= 2:
+    shared = shared_seeds(a, b)
+    if shared is not None:
         d = np.array([a[s] - b[s] for s in shared], dtype=np.float64)
         mean, half = t_interval(d, confidence)
         if np.all(d == d[0]):  # no spread: the test is undefined unless the difference is 0
