@@ -7,7 +7,8 @@ per worker process, so the core count does not matter. The check's own runs go t
 folder (deleted afterwards; kept and named only when the check breaks off), so a check
 changes no file of the clone; only `--update` writes, the baseline file.
 
-- **exact** mode, on a machine with the baseline's fingerprint: training is deterministic
+- **exact** mode, on a machine with the baseline's fingerprint, or with the baseline's pinned
+  numerics (any x86-64 processor with AVX2 and FMA; harness.report.pinned): training is deterministic
   there, so every check seed must reproduce its recorded value bit for bit, up to EXACT_RTOL
   (1e-12): the metric code may reorder its float64 sums (issue 12's one-pass metrics agree
   with the previous code to 4.4e-15), while any change in training moves a metric by far
@@ -64,7 +65,8 @@ from harness.core import (
     source_tree,
 )
 from harness.data import check_data_root
-from harness.records import RunResult, describe, read_result, result_path, write_json_atomic
+from harness.records import RunResult, read_result, result_path, write_json_atomic
+from harness.report import pinned as pinning
 from harness.sweep import plan, sweep_pinned
 
 log = logging.getLogger(__name__)
@@ -123,13 +125,15 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 
 def run_protocol(
-    protocol: Protocol, methods: list[str], seeds: list[int], results_dir: Path, device: str
-) -> dict[str, list[RunResult]]:
-    """Every method for every seed, one torch thread per worker process; returns each method's
-    results, ordered as `seeds`."""
+    protocol: Protocol, methods: list[str], seeds: list[int], results_dir: Path, device: str,
+    pinned: bool = False,
+) -> dict[str, list[RunResult]]:  # fmt: skip
+    """Every method for every seed, one torch thread per worker process (`pinned`: under the
+    pinned numerics, harness.core.numerics); returns each method's results, ordered as
+    `seeds`."""
     specs = plan(protocol, methods, seeds, device=device, results_dir=str(results_dir))
     workers = 1 if resolve_device(device).type == "cuda" else min(os.cpu_count() or 1, len(specs))
-    sweep_pinned(specs, workers=workers, threads=1)
+    sweep_pinned(specs, workers=workers, threads=1, pinned_numerics=pinned)
     runs = {
         m: [read_result(result_path(results_dir, protocol.name, m, s)) for s in seeds]
         for m in methods
@@ -323,11 +327,10 @@ def update(
     old_methods: dict[str, Any] = {}
     if partial and path.exists():
         old = load_baseline(path)
-        if (old["fingerprint"]["id"], old["seeds"], old["protocol_hash"]) != (
-            fingerprint["id"],
-            seeds,
-            protocol.hash,
-        ):
+        same = pinning.same_machine(fingerprint, old["fingerprint"], protocol)  # or numerics
+        if set(old["methods"]) <= set(runs):  # every method it holds is rewritten: none kept
+            old["methods"] = {}
+        elif not same or (old["seeds"], old["protocol_hash"]) != (seeds, protocol.hash):
             raise HarnessError(
                 f"{path} was made on another machine, seeds or protocol; update every method "
                 "(leave out --methods) so the whole file comes from one machine"
@@ -374,9 +377,11 @@ def check(
     results_dir: Path | None = None,
     mode: str = "auto",
     full: bool = False,
+    numerics: str = "auto",
 ) -> tuple[bool, str]:
     """Rerun the protocol and compare with its baseline file; returns (passed, report). The
-    report is short (summary and the rows that did not simply pass) unless `full`."""
+    report is short (summary and the rows that did not simply pass) unless `full`. `numerics`:
+    auto (pinned where it holds), pinned or native (harness.report.pinned)."""
     names, protocol = _checked(protocol_name, methods)
     path = baseline_path(protocol.name, baseline_dir)
     if not path.exists():
@@ -391,8 +396,12 @@ def check(
         raise HarnessError(
             f"{protocol.path}: the check needs at least 2 seeds for its statistical mode"
         )
+    pinned, _ = pinning.pinned_numerics(numerics, device)
+    pinning.refuse_other_mode(baseline, path, protocol.name, pinned)
+    exact = mode == "exact" or (mode == "auto" and pinning.expect_exact(baseline, pinned, protocol))
+    seeds = pinning.check_seeds(seeds, baseline["seeds"], exact)
     with _fresh_runs(results_dir) as runs_dir:
-        runs = run_protocol(protocol, names, seeds, runs_dir, device)
+        runs = run_protocol(protocol, names, seeds, runs_dir, device, pinned)
         return report(baseline, protocol, runs, seeds, mode, path, full)
 
 
@@ -404,11 +413,13 @@ def update_baselines(
     *,
     device: str = "auto",
     baseline_seeds: int = BASELINE_SEEDS,
+    numerics: str = "auto",
 ) -> tuple[bool, str]:
     """Remake the baseline file from fresh runs of `baseline_seeds` seeds (0..N-1), saying
-    why; returns (every method recorded, what was written)."""
+    why, in the pinned numerics only; returns (every method recorded, what was written)."""
     if not reason.strip():
         raise HarnessError("--update needs a non-empty --reason saying why the numbers change")
+    pinning.refuse_update_unless_pinned(*pinning.pinned_numerics(numerics, device))
     names, protocol = _checked(protocol_name, methods)
     seeds = list(range(baseline_seeds))
     if not set(protocol.seeds) <= set(seeds) or baseline_seeds < 3:
@@ -418,7 +429,7 @@ def update_baselines(
         )
     path = baseline_path(protocol.name, baseline_dir)
     with _fresh_runs(None) as runs_dir:
-        runs = run_protocol(protocol, names, seeds, runs_dir, device)
+        runs = run_protocol(protocol, names, seeds, runs_dir, device, pinned=True)
         left_out = update(path, protocol, runs, seeds, reason, bool(methods))
     note = f"; failed runs left out: {', '.join(left_out)}" if left_out else ""
     return not left_out, f"baselines for seeds {seeds} written to {path}{note}"
@@ -458,8 +469,8 @@ def report(
     or improved (with `full`: every row and the detectable drops), the verdict."""
     here = run_fingerprint(runs)
     rebuilt = rebuilt_data(runs)
-    same = here["id"] == baseline["fingerprint"]["id"] and not rebuilt
-    strict = mode == "exact" or (mode == "auto" and same)
+    same = "" if rebuilt else pinning.same_machine(here, baseline["fingerprint"], protocol)
+    strict = mode == "exact" or (mode == "auto" and bool(same))
     rows = compare(baseline, protocol.hash, runs, seeds, strict, exact_if_reproduced=mode == "auto")
     bad = [r for r in rows if r.failed]
     exact_rows = sum(r.how == "exact" for r in rows)
@@ -469,8 +480,8 @@ def report(
     else:
         kind = "mixed" if exact_rows else "statistical"
     lines = [
-        f"this machine: {describe(here)}" + (f"; {rebuilt}" if rebuilt else ""),
-        f"baseline:     {describe(baseline['fingerprint'])}",
+        f"this machine: {pinning.machine(here)}" + (f"; {rebuilt}" if rebuilt else ""),
+        f"baseline:     {pinning.machine(baseline['fingerprint'])}",
         _mode_line(kind, strict, same, mode, seeds, len(baseline["seeds"]), exact_rows, stat_rows),
         _summary(rows, exact_rows, stat_rows),
     ]
@@ -499,14 +510,14 @@ def report(
 
 
 def _mode_line(
-    kind: str, strict: bool, same: bool, mode: str, seeds: list[int], n_base: int,
+    kind: str, strict: bool, same: str, mode: str, seeds: list[int], n_base: int,
     exact_rows: int, stat_rows: int,
 ) -> str:  # fmt: skip
     """How the rows were judged, and why: the machine, the forced mode, or the numbers."""
     test = (f"mean of seeds {seeds} vs mean of the baseline's {n_base} seeds, one-sided pooled "
             f"t-test, false-alarm rate <= {ALPHA} for the whole check")  # fmt: skip
     if strict:
-        why = "same fingerprint" if same else "forced"
+        why = same or "forced"
         return f"mode: exact ({why}: seeds {seeds} must reproduce their values bit for bit)"
     if kind == "exact":
         return (f"mode: exact (another machine, but every number reproduced bit for bit: seeds "
