@@ -10,7 +10,8 @@ per worker process, so the core count does not matter. The check's own runs go t
 folder (deleted afterwards; kept and named only when the check breaks off), so a check
 changes no file of the clone; only `--update` writes, the baseline file.
 
-- **exact** mode, on a machine with the baseline's fingerprint: training is deterministic
+- **exact** mode, on a machine with the baseline's fingerprint, or with the baseline's pinned
+  numerics (any x86-64 processor with AVX2 and FMA; harness.check.pinned): training is deterministic
   there, so every check seed must reproduce its recorded value bit for bit, up to EXACT_RTOL
   (1e-12): the metric code may reorder its float64 sums (issue 12's one-pass metrics agree
   with the previous code to 4.4e-15), while any change in training moves a metric by far

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.check.machine import run_fingerprint
+from harness.check.pinned import same_machine
 from harness.core import HarnessError, Protocol, program_name, source_tree
 from harness.records import RunResult, write_json_atomic
 
@@ -56,11 +57,10 @@ def update(
     old_methods: dict[str, Any] = {}
     if partial and path.exists():
         old = load_baseline(path)
-        if (old["fingerprint"]["id"], old["seeds"], old["protocol_hash"]) != (
-            fingerprint["id"],
-            seeds,
-            protocol.hash,
-        ):
+        same = same_machine(fingerprint, old["fingerprint"], protocol)  # or numerics
+        if set(old["methods"]) <= set(runs):  # every method it holds is rewritten: none kept
+            old["methods"] = {}
+        elif not same or (old["seeds"], old["protocol_hash"]) != (seeds, protocol.hash):
             raise HarnessError(
                 f"{path} was made on another machine, seeds or protocol; update every method "
                 "(leave out --methods) so the whole file comes from one machine"

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.check import pinned as pinning
 from harness.check.baselines import (
     BASELINE_DIR,
     BASELINE_SEEDS,
@@ -38,13 +39,15 @@ log = logging.getLogger(__name__)
 
 
 def run_protocol(
-    protocol: Protocol, methods: list[str], seeds: list[int], results_dir: Path, device: str
-) -> dict[str, list[RunResult]]:
-    """Every method for every seed, one torch thread per worker process; returns each method's
-    results, ordered as `seeds`."""
+    protocol: Protocol, methods: list[str], seeds: list[int], results_dir: Path, device: str,
+    pinned: bool = False,
+) -> dict[str, list[RunResult]]:  # fmt: skip
+    """Every method for every seed, one torch thread per worker process (`pinned`: under the
+    pinned numerics, harness.core.numerics); returns each method's results, ordered as
+    `seeds`."""
     specs = plan(protocol, methods, seeds, device=device, results_dir=str(results_dir))
     workers = 1 if resolve_device(device).type == "cuda" else min(os.cpu_count() or 1, len(specs))
-    sweep_pinned(specs, workers=workers, threads=1)
+    sweep_pinned(specs, workers=workers, threads=1, pinned_numerics=pinned)
     runs = {
         m: [read_result(result_path(results_dir, protocol.name, m, s)) for s in seeds]
         for m in methods
@@ -61,9 +64,11 @@ def check(
     results_dir: Path | None = None,
     mode: str = "auto",
     full: bool = False,
+    numerics: str = "auto",
 ) -> tuple[bool, str]:
     """Rerun the protocol and compare with its baseline file; returns (passed, report). The
-    report is short (summary and the rows that did not simply pass) unless `full`."""
+    report is short (summary and the rows that did not simply pass) unless `full`. `numerics`:
+    auto (pinned where it holds), pinned or native (harness.check.pinned)."""
     names, protocol = _checked(protocol_name, methods)
     path = baseline_path(protocol.name, baseline_dir)
     if not path.exists():
@@ -78,8 +83,12 @@ def check(
         raise HarnessError(
             f"{protocol.path}: the check needs at least 2 seeds for its statistical mode"
         )
+    pinned, _ = pinning.pinned_numerics(numerics, device)
+    pinning.refuse_other_mode(baseline, path, protocol.name, pinned)
+    exact = mode == "exact" or (mode == "auto" and pinning.expect_exact(baseline, pinned, protocol))
+    seeds = pinning.check_seeds(seeds, baseline["seeds"], exact)
     with _fresh_runs(results_dir) as runs_dir:
-        runs = run_protocol(protocol, names, seeds, runs_dir, device)
+        runs = run_protocol(protocol, names, seeds, runs_dir, device, pinned)
         return report(baseline, protocol, runs, seeds, mode, path, full)
 
 
@@ -91,11 +100,13 @@ def update_baselines(
     *,
     device: str = "auto",
     baseline_seeds: int = BASELINE_SEEDS,
+    numerics: str = "auto",
 ) -> tuple[bool, str]:
     """Remake the baseline file from fresh runs of `baseline_seeds` seeds (0..N-1), saying
-    why; returns (every method recorded, what was written)."""
+    why, in the pinned numerics only; returns (every method recorded, what was written)."""
     if not reason.strip():
         raise HarnessError("--update needs a non-empty --reason saying why the numbers change")
+    pinning.refuse_update_unless_pinned(*pinning.pinned_numerics(numerics, device))
     names, protocol = _checked(protocol_name, methods)
     seeds = list(range(baseline_seeds))
     if not set(protocol.seeds) <= set(seeds) or baseline_seeds < 3:
@@ -105,7 +116,7 @@ def update_baselines(
         )
     path = baseline_path(protocol.name, baseline_dir)
     with _fresh_runs(None) as runs_dir:
-        runs = run_protocol(protocol, names, seeds, runs_dir, device)
+        runs = run_protocol(protocol, names, seeds, runs_dir, device, pinned=True)
         left_out = update(path, protocol, runs, seeds, reason, bool(methods))
     note = f"; failed runs left out: {', '.join(left_out)}" if left_out else ""
     return not left_out, f"baselines for seeds {seeds} written to {path}{note}"

@@ -12,8 +12,9 @@ from tabulate import tabulate
 
 from harness.check.compare import ALPHA, WATCH_DROP, WATCH_METRIC, Row, compare, too_noisy
 from harness.check.machine import rebuilt_data, run_fingerprint
+from harness.check.pinned import machine, same_machine
 from harness.core import Protocol, program_name
-from harness.records import RunResult, describe
+from harness.records import RunResult
 
 
 def render(rows: list[Row], exact: bool = False) -> str:
@@ -66,8 +67,8 @@ def report(
     or improved (with `full`: every row and the detectable drops), the verdict."""
     here = run_fingerprint(runs)
     rebuilt = rebuilt_data(runs)
-    same = here["id"] == baseline["fingerprint"]["id"] and not rebuilt
-    strict = mode == "exact" or (mode == "auto" and same)
+    same = "" if rebuilt else same_machine(here, baseline["fingerprint"], protocol)
+    strict = mode == "exact" or (mode == "auto" and bool(same))
     rows = compare(baseline, protocol.hash, runs, seeds, strict, exact_if_reproduced=mode == "auto")
     bad = [r for r in rows if r.failed]
     exact_rows = sum(r.how == "exact" for r in rows)
@@ -77,8 +78,8 @@ def report(
     else:
         kind = "mixed" if exact_rows else "statistical"
     lines = [
-        f"this machine: {describe(here)}" + (f"; {rebuilt}" if rebuilt else ""),
-        f"baseline:     {describe(baseline['fingerprint'])}",
+        f"this machine: {machine(here)}" + (f"; {rebuilt}" if rebuilt else ""),
+        f"baseline:     {machine(baseline['fingerprint'])}",
         _mode_line(kind, strict, same, mode, seeds, len(baseline["seeds"]), exact_rows, stat_rows),
         _summary(rows, exact_rows, stat_rows),
     ]
@@ -107,14 +108,14 @@ def report(
 
 
 def _mode_line(
-    kind: str, strict: bool, same: bool, mode: str, seeds: list[int], n_base: int,
+    kind: str, strict: bool, same: str, mode: str, seeds: list[int], n_base: int,
     exact_rows: int, stat_rows: int,
 ) -> str:  # fmt: skip
     """How the rows were judged, and why: the machine, the forced mode, or the numbers."""
     test = (f"mean of seeds {seeds} vs mean of the baseline's {n_base} seeds, one-sided pooled "
             f"t-test, false-alarm rate <= {ALPHA} for the whole check")  # fmt: skip
     if strict:
-        why = "same fingerprint" if same else "forced"
+        why = same or "forced"
         return f"mode: exact ({why}: seeds {seeds} must reproduce their values bit for bit)"
     if kind == "exact":
         return (f"mode: exact (another machine, but every number reproduced bit for bit: seeds "

@@ -40,6 +40,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "numbers all reproduce passes as exact and the others are tested statistically. "
         "exact: every number must reproduce. statistical: every row by the t-test",
     )  # fmt: skip
+    ck.add_argument(
+        "--numerics", default="auto", choices=["auto", "pinned", "native"],
+        help="auto (default): the runs pinned to processor-independent kernels wherever that "
+        "holds (x86-64 with AVX2 and FMA, on the CPU), else native; --update needs pinned",
+    )  # fmt: skip
     ck.add_argument("--full", action="store_true",
                     help="print every row and the detectable-drop table, not just the summary "
                     "and the rows that failed, changed or improved")  # fmt: skip
@@ -71,10 +76,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         passed, report = update_baselines(
             args.protocol, names, args.baselines or BASELINE_DIR, args.reason,
             device=args.device, baseline_seeds=args.baseline_seeds or BASELINE_SEEDS,
+            numerics=args.numerics,
         )  # fmt: skip
     else:
         passed, report = check(args.protocol, names, args.baselines or BASELINE_DIR,
-                               device=args.device, mode=args.mode, full=args.full)  # fmt: skip
+                               device=args.device, mode=args.mode, full=args.full,
+                               numerics=args.numerics)  # fmt: skip
     print(report)
     print(f"({time.perf_counter() - start:.0f} s)")
     return 0 if passed else 1

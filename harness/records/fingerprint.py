@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from harness.core.numerics import numerics_record
+
 # Environment variables that change which kernels run (the ISA stand-ins included).
 KERNEL_ENV = (
     "ATEN_CPU_CAPABILITY",
@@ -30,6 +32,7 @@ KERNEL_ENV = (
     "MKL_CBWR",
     "MKL_ENABLE_INSTRUCTIONS",
     "OPENBLAS_CORETYPE",
+    "FAISS_SIMD_LEVEL",
 )
 # Package versions whose code computes the numbers.
 NUMERIC_PACKAGES = ("torch", "numpy", "faiss-cpu", "faiss-gpu-cu12", "pytorch-metric-learning")
@@ -114,6 +117,9 @@ def machine_fingerprint(device: torch.device | str = "cpu") -> dict[str, Any]:
     if device.type == "cuda":
         fp["gpu"] = torch.cuda.get_device_name(device)
         fp["cuda"] = torch.version.cuda
+    numerics = numerics_record(fp["torch_cpu_isa"])  # only in a pinned process (issue 72)
+    if numerics is not None and device.type == "cpu":
+        fp["numerics"] = numerics
     fp["id"] = fingerprint_id(fp)
     return fp
 
@@ -129,7 +135,8 @@ def describe(fp: dict[str, Any] | None) -> str:
     if not fp:
         return "unknown machine (recorded before fingerprints)"
     where = fp.get("gpu") or fp.get("cpu_model", "?")
+    pinned = ", pinned numerics" if (fp.get("numerics") or {}).get("mode") == "pinned" else ""
     return (
-        f"{where}, {fp.get('torch_cpu_isa', '?')}, {fp.get('blas', '?')}, "
+        f"{where}{pinned}, {fp.get('torch_cpu_isa', '?')}, {fp.get('blas', '?')}, "
         f"{fp.get('torch_threads', '?')} thread(s) [fingerprint {fp.get('id', '?')}]"
     )

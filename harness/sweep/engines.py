@@ -19,6 +19,7 @@ import time
 import torch
 
 from harness.core import load_methods
+from harness.core.numerics import pinned_environ
 from harness.sweep.runner import execute, prepare_all
 from harness.sweep.spec import RunSpec, resolve_all
 
@@ -34,14 +35,21 @@ def _pin_worker(threads: int, log_level: int) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
 
-def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[str, int]:
+def sweep_pinned(
+    specs: list[RunSpec], workers: int, threads: int = 1, pinned_numerics: bool = False
+) -> dict[str, int]:
     """Run specs in `workers` processes of `threads` torch threads each.
 
     Float rounding depends on the thread count, so a sweep whose numbers are compared bit for
     bit across machines (the regression check) pins it: then a 2-core and a 16-core machine
     of one processor type agree, and the spare cores run other specs in parallel instead.
+    With `pinned_numerics` every run, and the data preparation, goes to worker processes
+    started under harness.core.numerics's pinned settings (issue 72), even with one worker.
     Returns counts by status; one failed run does not stop the others."""
     specs = resolve_all(specs)  # parse each protocol once, here, not in every worker
+    if pinned_numerics:
+        with pinned_environ():  # read by the workers' libraries as they load
+            return _pool(specs, workers, threads, prepare=True)
     prepare_all(specs)  # build each dataset cache once, here, before the workers read it
     counts: dict[str, int] = {}
     start = time.perf_counter()
@@ -57,9 +65,19 @@ def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[s
         finally:
             torch.set_num_threads(previous)
         return counts
+    return _pool(specs, workers, threads)
+
+
+def _pool(
+    specs: list[RunSpec], workers: int, threads: int, prepare: bool = False
+) -> dict[str, int]:
+    """The specs in `workers` spawned processes of `threads` torch threads each; with
+    `prepare`, the data is prepared first, in one of them."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    counts: dict[str, int] = {}
+    start = time.perf_counter()
     level = logging.getLogger("harness").getEffectiveLevel()
     with ProcessPoolExecutor(
         max_workers=workers,
@@ -67,6 +85,8 @@ def sweep_pinned(specs: list[RunSpec], workers: int, threads: int = 1) -> dict[s
         initializer=_pin_worker,
         initargs=(threads, max(level, logging.WARNING)),
     ) as pool:
+        if prepare:
+            pool.submit(prepare_all, specs).result()
         futures = {pool.submit(execute, spec, False): spec for spec in specs}
         try:
             for n, future in enumerate(as_completed(futures), 1):

@@ -247,16 +247,20 @@ from harness.core import load_methods
 from harness.check import check
 load_methods()
 passed, report = check(sys.argv[1], sys.argv[2].split(","), Path(sys.argv[3]),
-                       results_dir=Path(sys.argv[4]))
+                       results_dir=Path(sys.argv[4]), numerics=sys.argv[5])
 print(report)
 sys.exit(0 if passed else 1)
 """
 
 
-def check_on_stand_in(protocol: str, methods: str, baselines: Path, runs: Path):
-    """The check in a subprocess that takes other kernels: another processor. Its runs are kept
-    in `runs`, so a second check there (against other baselines) trains nothing again."""
-    cmd = [sys.executable, "-c", STAND_IN_CHECK, protocol, methods, str(baselines), str(runs)]
+def check_on_stand_in(
+    protocol: str, methods: str, baselines: Path, runs: Path, numerics: str = "native"
+):  # fmt: skip
+    """The check in a subprocess that takes other kernels: another processor (with native
+    numerics; the pinned mode overrides the stand-in). Its runs are kept in `runs`, so a
+    second check there (against other baselines) trains nothing again."""
+    cmd = [sys.executable, "-c", STAND_IN_CHECK, protocol, methods, str(baselines), str(runs),
+           numerics]  # fmt: skip
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=other_kernels_env())  # fmt: skip
 
@@ -361,6 +365,10 @@ def test_committed_baseline_holds_on_a_stand_in_processor(tmp_path: Path):
     (tmp_path / "regression.json").write_text(json.dumps(planted))
     out = check_on_stand_in("regression", names, tmp_path, runs)  # the same runs, reused
     assert out.returncode == 1 and "REGRESSED" in out.stdout
+    # pinned numerics (the default) override the stand-in: every number bit for bit
+    out = check_on_stand_in("regression", names, BASELINE_DIR, tmp_path / "pinned", "auto")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"mode: exact \((same fingerprint|pinned numerics on both)", out.stdout)
 
 
 def test_a_misspelt_method_is_named_before_any_run_folder_is_made(tmp_path, monkeypatch, capsys):
