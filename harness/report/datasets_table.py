@@ -50,14 +50,14 @@ def dataset_row(name: str, runs: list[RunResult]) -> dict[str, object] | None:
     }  # fmt: skip
 
 
-def datasets_section(groups: dict[str, list[RunResult]]) -> list[str]:
-    """The `## The datasets` section's lines (none without a real-photo protocol)."""
+def datasets_section(groups: dict[str, list[RunResult]]) -> str:
+    """The leaderboard's `## The datasets` section ('' without a real-photo protocol)."""
     rows = [row for name, runs in sorted(groups.items()) if runs and pretrained(runs)
             if (row := dataset_row(name, runs)) is not None]  # fmt: skip
     if not rows:
-        return []
+        return ""
     rows.sort(key=lambda r: r["best_value"] - r["zero_shot"])  # type: ignore[operator]
-    lines = ["## The datasets", "",
+    lines = ["", "## The datasets", "",
              "Each real-photo protocol, from the smallest gain of metric learning over the "
              "pretrained features to the largest: MAP@R in percent, the mean over seeds on the "
              "test classes; best tuned: the best method once each is tuned (its paper default "
@@ -68,4 +68,4 @@ def datasets_section(groups: dict[str, list[RunResult]]) -> list[str]:
         lines.append(f"| {r['protocol']} | `{r['dataset']}` | {r['domain']} | {r['train']} / "
                      f"{r['test']} | {r['photos']:,} | {r['zero_shot']:.1f} | "
                      f"{r['best_value']:.1f} ({r['best']}){how} | {gain:+.1f} |")  # fmt: skip
-    return [*lines, ""]
+    return "\n".join([*lines, ""])

@@ -37,6 +37,7 @@ from harness.report.agreement import agreement_section
 from harness.report.beside import beside_section, reference_runs
 from harness.report.claims import claims_across_section, claims_section
 from harness.report.cost_tables import cost_section
+from harness.report.datasets_table import datasets_section
 from harness.report.equivalence import section as equivalence_section
 from harness.report.figures import distance_histograms, training_curve
 from harness.report.glance import glance_section
@@ -255,7 +256,7 @@ def write_leaderboard(results_dir: Path, reference: Path | None = None) -> Path:
     head, sep, tables = rendered.partition("\n## ")  # the glance goes before the tables
     posteriors = cache_for(Path(results_dir))  # the hierarchical model's, kept between runs
     groups = protocol_groups(runs, tuned=True)
-    text = (head + glance_section(runs, Path(results_dir), posteriors)
+    text = (head + datasets_section(groups) + glance_section(runs, Path(results_dir), posteriors)
             + tuned_verdict_section(groups) + claims_across_section(groups) + sep + tables
             + agreement_section(runs) + equivalence_section(protocol_blocks(runs), posteriors)
             + reference_section(Path(results_dir), runs) + beside
