@@ -359,8 +359,10 @@ def test_what_the_hierarchical_model_changes_verdicts_quotes():
 
 def test_the_two_machines_rule_is_what_the_committed_runs_show():
     """docs/verdicts.md's case for one pairing rule: birds' tuned (AVX2) and default
-    (AVX-512) runs of one seed correlate, and cars' methods whose study kept the paper default
-    repeat their default runs bit for bit on another thread count."""
+    (AVX-512) runs of one seed correlate (so Welch's interval would be wider), and cars'
+    methods whose study kept the paper default repeat their default runs bit for bit on
+    another thread count."""
+    from harness.core import compare
 
     def by_seed(runs: list[dict]) -> dict[str, dict[int, dict]]:
         out: dict[str, dict[int, dict]] = {}
@@ -375,15 +377,21 @@ def test_the_two_machines_rule_is_what_the_committed_runs_show():
                 for m in runs.values() for r in m.values()}  # fmt: skip
 
     assert isa(birds_t) == {"AVX2"} and isa(birds_d) == {"AVX512"}
-    correlations = []
+    correlations, wider = [], []
     for name, tuned in birds_t.items():
         seeds = sorted(set(tuned) & set(birds_d[name]))
-        correlations.append(statistics.correlation(
-            [tuned[s]["metrics"]["map@r"] for s in seeds],
-            [birds_d[name][s]["metrics"]["map@r"] for s in seeds]))  # fmt: skip
+        a = [tuned[s]["metrics"]["map@r"] for s in seeds]
+        b = [birds_d[name][s]["metrics"]["map@r"] for s in seeds]
+        welch = compare(dict(enumerate(a)), {-1 - k: v for k, v in enumerate(b)})
+        assert welch.test == "Welch t"
+        paired = compare(dict(zip(seeds, a, strict=True)), dict(zip(seeds, b, strict=True)))
+        wider.append(welch.half_width / paired.half_width)
+        correlations.append(statistics.correlation(a, b))
     page = Page("docs/verdicts.md")
     page.numbers(r"correlate at a median ([\d.]+) over the (\d+) methods",
                  f"{statistics.median(correlations):.2f}", len(correlations))  # fmt: skip
+    page.numbers(r"interval would be a median (\d+) times wider under Welch's test",
+                 f"{statistics.median(wider):.0f}")  # fmt: skip
     cars_t, cars_d = by_seed(_runs("cars", tuned=True)), by_seed(_runs("cars"))
     kept = [m for m, t in cars_t.items()
             if all(r["method"].get("hyperparameters") == cars_d[m][s]["method"].get("hyperparameters")

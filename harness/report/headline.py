@@ -29,7 +29,8 @@ def headline(groups: dict[str, list[RunResult]]) -> str:
 
 def _leaders(verdicts: list[ProtocolVerdict]) -> str:
     n = len({v.best for v in verdicts})
-    where = _and([f"{v.best} on {v.name}" for v in verdicts]).replace(" on ", " leads on ", 1)
+    where = _and([f"{v.best}{' leads' if i == 0 else ''} on {v.name}"
+                  for i, v in enumerate(verdicts)])  # fmt: skip
     lead = (f"no loss is best everywhere: {where}" if n > 1
             else f"{verdicts[0].best} leads on all {len(verdicts)}")  # fmt: skip
     return (f"On {len(verdicts)} real-photo datasets with an ImageNet-pretrained network, each "
@@ -39,7 +40,8 @@ def _leaders(verdicts: list[ProtocolVerdict]) -> str:
 def _gaps(verdicts: list[ProtocolVerdict]) -> str:
     shrink = sum(v.gap_tuned < v.gap_default for v in verdicts)
     how = ("Tuning narrows the gaps, as " if shrink == len(verdicts)
-           else f"Tuning narrows the gaps on {shrink} of {len(verdicts)} datasets, which ")  # fmt: skip
+           else f"Tuning narrows the gaps on only {shrink} of {len(verdicts)} datasets, "
+           "against what ")  # fmt: skip
     tuned = _and([f"{v.gap_tuned:.1f}" for v in verdicts])
     default = _and([f"{v.gap_default:.1f}" for v in verdicts])
     names = _and([v.name for v in verdicts])
