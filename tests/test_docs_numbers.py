@@ -362,7 +362,7 @@ def test_the_two_machines_rule_is_what_the_committed_runs_show():
     (AVX-512) runs of one seed correlate (so Welch's interval would be wider), and cars'
     methods whose study kept the paper default repeat their default runs bit for bit on
     another thread count."""
-    from harness.core import compare
+    from harness.stats import compare
 
     def by_seed(runs: list[dict]) -> dict[str, dict[int, dict]]:
         out: dict[str, dict[int, dict]] = {}
