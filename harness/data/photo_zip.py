@@ -124,27 +124,21 @@ def build_groceries(data_root: Path | None, cache_dir: Path) -> LabelledImages:
     return read(GROCERIES, data_root)
 
 
-@register_dataset("plankton")  # --data-root is optional
-def build_plankton(data_root: Path | None, cache_dir: Path) -> LabelledImages:
-    """4,197 greyscale plankton images of 109 classes (NOAA PlanktonSet 1.0, capped at 40 a
-    class: harness.data.sources), stored as 3-channel JPEG."""
-    return read(PLANKTON, data_root)
+def _builder(spec: PhotoZip, about: str):
+    """A registered builder that reads `spec`; `about` is its docstring (`harness ls`)."""
+
+    def build(data_root: Path | None, cache_dir: Path) -> LabelledImages:
+        return read(spec, data_root)
+
+    build.__doc__ = about
+    return build
 
 
-@register_dataset("pollen")  # --data-root is optional
-def build_pollen(data_root: Path | None, cache_dir: Path) -> LabelledImages:
-    """2,513 pollen-grain microscope images of 72 types (POLLEN73S, types under 20 images
-    left out: harness.data.sources), short side resized to 256 px."""
-    return read(POLLEN, data_root)
-
-
-@register_dataset("caltech101")  # --data-root is optional
-def build_caltech(data_root: Path | None, cache_dir: Path) -> LabelledImages:
-    """3,929 photos of 100 Caltech-101 categories, at most 40 a category."""
-    return read(CALTECH, data_root)
-
-
-@register_dataset("flowers")  # --data-root is optional
-def build_flowers(data_root: Path | None, cache_dir: Path) -> LabelledImages:
-    """4,080 Oxford Flowers-102 photos at 64 x 64 px, 40 of each of the 102 species."""
-    return read(FLOWERS, data_root)
+# the sets made from class folders (harness.data.sources); --data-root is optional
+for _spec, _about in (
+    (PLANKTON, "4,197 greyscale plankton images of 109 classes (NOAA PlanktonSet 1.0)."),
+    (POLLEN, "2,513 pollen-grain microscope images of 72 types (POLLEN73S)."),
+    (CALTECH, "3,929 photos of 100 Caltech-101 categories, at most 40 a category."),
+    (FLOWERS, "4,080 Oxford Flowers-102 photos at 64 x 64 px, 40 of each of 102 species."),
+):
+    register_dataset(_spec.name)(_builder(_spec, _about))
