@@ -33,6 +33,7 @@ class Row:
 
     @property
     def failed(self) -> bool:
+        """Whether the row fails the check (anything but ok or improved)."""
         return self.status not in ("ok", "improved")
 
     @property

@@ -32,7 +32,9 @@ def _frame_html(frame: pd.DataFrame) -> str:
 
 
 def run_page(build: Build, folder_runs: list[Run], frames: dict[Any, pd.DataFrame],
-                 all_results: list[RunResult]) -> str:  # fmt: skip
+             all_results: list[RunResult]) -> str:  # fmt: skip
+    """The page of one run folder (see the module's docstring); `frames` keeps the
+    leaderboard frame of each protocol group, made once for all its pages."""
     first = folder_runs[0]
     protocol, folder = first.protocol_folder, first.run_folder
     stem = f"{safe_name(protocol)}/{safe_name(folder)}"
