@@ -48,7 +48,9 @@ def run_page(build: Build, folder_runs: list[Run], frames: dict[Any, pd.DataFram
         rows = {shown_names(group)[id(r)] for r in group if id(r) in mine}
         if not rows:
             continue
-        frame = frames.setdefault(key, leaderboard_frame(group))
+        if key not in frames:  # once per protocol group, not once per page (setdefault would)
+            frames[key] = leaderboard_frame(group)
+        frame = frames[key]
         body += [f'<p>In the leaderboard: <a href="../index.html#{group_id(key)}">'
                  f"{html.escape(key[0])} (protocol v{key[1]}, hash <code>{key[2]}</code>)"
                  "</a></p>", _frame_html(frame[frame["method"].isin(rows)])]  # fmt: skip
