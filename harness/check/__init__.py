@@ -41,6 +41,7 @@ changed or improved); `full=True` (`check --full`) adds every row and the detect
 """
 
 from harness.check.baselines import BASELINE_DIR, BASELINE_SEEDS
+from harness.check.compare import same_metrics
 from harness.check.rerun import check, update_baselines
 
-__all__ = ["BASELINE_DIR", "BASELINE_SEEDS", "check", "update_baselines"]
+__all__ = ["BASELINE_DIR", "BASELINE_SEEDS", "check", "same_metrics", "update_baselines"]

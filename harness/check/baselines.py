@@ -25,6 +25,7 @@ BASELINE_SEEDS = 20  # default number of seeds `--update` records
 
 
 def baseline_path(protocol: str, baseline_dir: Path) -> Path:
+    """A protocol's baseline file in `baseline_dir`: <protocol>.json."""
     return Path(baseline_dir) / f"{protocol}.json"
 
 

@@ -33,6 +33,7 @@ class Row:
 
     @property
     def failed(self) -> bool:
+        """Whether the row fails the check (anything but ok or improved)."""
         return self.status not in ("ok", "improved")
 
     @property
@@ -143,3 +144,14 @@ def too_noisy(rows: list[Row]) -> dict[str, float]:
     """Methods whose MAP@R bound is wider than WATCH_DROP: the check cannot guard them."""
     return {r.method: r.bound for r in rows
             if r.metric == WATCH_METRIC and r.bound is not None and r.bound > WATCH_DROP}  # fmt: skip
+
+
+def same_metrics(a: dict[str, float], b: dict[str, float]) -> bool:
+    """Whether two runs gave the same numbers: every metric both report equal to EXACT_RTOL
+    (the exact rule, also of the report's `per seed` beside the committed reference)."""
+    keys = set(a) & set(b)
+    return bool(keys) and all(
+        isinstance(a[k], (int, float)) and isinstance(b[k], (int, float))
+        and math.isclose(a[k], b[k], rel_tol=EXACT_RTOL, abs_tol=EXACT_RTOL)
+        for k in keys
+    )  # fmt: skip

@@ -51,6 +51,7 @@ def detectable_table(rows: list[Row]) -> str:
 
 
 def fmt_bound(x: float | None) -> str:
+    """A detectable drop, three decimals (`-` for none)."""
     return "-" if x is None else f"{x:.3f}"
 
 

@@ -43,6 +43,7 @@ import time
 import unicodedata
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ def open_fonts(paths: list[Path]) -> list:
     return [FT2Font(str(p)) for p in paths]
 
 
-def load_flags():  # matplotlib's LoadFlags, or its int on matplotlib < 3.10
+def load_flags() -> Any:  # matplotlib's LoadFlags, or its int on matplotlib < 3.10
     """FreeType's no-hinting load flag, as this matplotlib takes it."""
     try:
         from matplotlib.ft2font import LoadFlags

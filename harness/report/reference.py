@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
+from harness.check import same_metrics
 from harness.core import UNBOUNDED_METRICS
 from harness.records import (
     RunResult,
@@ -28,8 +29,6 @@ from harness.records import (
     row_names,
 )
 from harness.stats import t_interval
-
-SAME_RTOL = 1e-12  # the regression check's EXACT_RTOL: metric sums may reorder, no more
 
 INTRO = (
     "The committed reference results ([its leaderboard]({link}/LEADERBOARD.md), made by the "
@@ -154,22 +153,14 @@ def _cell(values: list[float], scale: float) -> str:
 
 
 def _same_seeds(here: list[RunResult], there: list[RunResult]) -> str:
-    """`identical (seeds 0, 1, 2)` when every metric of every seed both ran matches to
-    SAME_RTOL, `differs (...)` otherwise, `no seed in common` when they share none."""
+    """`identical (seeds 0, 1, 2)` when every metric of every seed both ran is the same number
+    (harness.check's exact rule), `differs (...)` otherwise, `no seed in common` when they
+    share none."""
     by_seed = {r.seed: r for r in there}
     shared = sorted(r.seed for r in here if r.seed in by_seed)
     if not shared:
         return "no seed in common"
     mine = {r.seed: r for r in here}
-    same = all(_same_metrics(mine[s].metrics or {}, by_seed[s].metrics or {}) for s in shared)
+    same = all(same_metrics(mine[s].metrics or {}, by_seed[s].metrics or {}) for s in shared)
     seeds = f"seed{'s' * (len(shared) > 1)} {', '.join(map(str, shared))}"
     return f"{'identical' if same else 'differs'} ({seeds})"
-
-
-def _same_metrics(a: dict[str, float], b: dict[str, float]) -> bool:
-    keys = set(a) & set(b)
-    return bool(keys) and all(
-        isinstance(a[k], (int, float)) and isinstance(b[k], (int, float))
-        and math.isclose(a[k], b[k], rel_tol=SAME_RTOL, abs_tol=SAME_RTOL)
-        for k in keys
-    )  # fmt: skip

@@ -23,6 +23,7 @@ TABLE = "RERANKING.md"
 
 
 def read_records(out: Path) -> list[dict[str, Any]]:
+    """Every re-ranking record under `out` (<protocol>/<method>/reranked-seed<k>.json)."""
     return [json.loads(p.read_text()) for p in sorted(out.glob("*/*/reranked-seed*.json"))]
 
 

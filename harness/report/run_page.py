@@ -32,7 +32,9 @@ def _frame_html(frame: pd.DataFrame) -> str:
 
 
 def run_page(build: Build, folder_runs: list[Run], frames: dict[Any, pd.DataFrame],
-                 all_results: list[RunResult]) -> str:  # fmt: skip
+             all_results: list[RunResult]) -> str:  # fmt: skip
+    """The page of one run folder (see the module's docstring); `frames` keeps the
+    leaderboard frame of each protocol group, made once for all its pages."""
     first = folder_runs[0]
     protocol, folder = first.protocol_folder, first.run_folder
     stem = f"{safe_name(protocol)}/{safe_name(folder)}"
@@ -46,7 +48,9 @@ def run_page(build: Build, folder_runs: list[Run], frames: dict[Any, pd.DataFram
         rows = {shown_names(group)[id(r)] for r in group if id(r) in mine}
         if not rows:
             continue
-        frame = frames.setdefault(key, leaderboard_frame(group))
+        if key not in frames:  # once per protocol group, not once per page (setdefault would)
+            frames[key] = leaderboard_frame(group)
+        frame = frames[key]
         body += [f'<p>In the leaderboard: <a href="../index.html#{group_id(key)}">'
                  f"{html.escape(key[0])} (protocol v{key[1]}, hash <code>{key[2]}</code>)"
                  "</a></p>", _frame_html(frame[frame["method"].isin(rows)])]  # fmt: skip

@@ -27,6 +27,8 @@ PALETTE_COLOURS = 96  # plots have few colours: a palette PNG is a quarter of th
 
 @dataclass
 class Run:
+    """One result file of the report and its record."""
+
     path: Path
     result: RunResult
 
@@ -49,6 +51,7 @@ class Build:
     copied: dict[Path, str] = field(default_factory=dict)
 
     def asset(self, name: str) -> Path:
+        """Where an asset of that name is written in the folder being built (its folder made)."""
         path = self.tmp / ASSETS / name
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
@@ -70,6 +73,7 @@ def quantise(png: Path) -> Path:
 
 
 def group_id(key: tuple[str, int, str, Any]) -> str:
+    """The HTML id of a protocol group's section (name, version, hash, shortened budget)."""
     name, version, hash_, max_steps = key
     steps = f"-steps{max_steps}" if max_steps is not None else ""
     return f"protocol-{safe_name(name)}-v{version}-{hash_}{steps}"

@@ -36,6 +36,7 @@ class Diagnostics:
 
     @property
     def converged(self) -> bool:
+        """Nothing sampled, or R-hat, ESS and divergences all within their limits."""
         return self.exact or (self.rhat < RHAT_MAX and self.ess > ESS_MIN
                               and self.divergent <= DIVERGENT_MAX * self.draws)  # fmt: skip
 

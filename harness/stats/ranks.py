@@ -102,6 +102,7 @@ class RankTest:
 
     @property
     def blocks(self) -> list[str]:
+        """The names of the blocks ranked."""
         return list(self.table.index)
 
     def resolved(self) -> list[tuple[str, str]]:
