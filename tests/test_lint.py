@@ -65,3 +65,13 @@ def test_functions_and_files_stay_small():
     assert [f for f in functions if f[0] > MAX_FUNCTION_LINES] == []
     assert [f for f in parameters if f[0] > MAX_PARAMETERS] == []
     assert [f for f in files if f[0] > MAX_FILE_LINES] == []
+
+
+MAX_REPORT_LINES = 4_500  # issue 69: the report had grown to hold the statistics and the check
+
+
+def test_the_report_holds_only_tables_figures_and_pages():
+    """harness/report/ stays under its ceiling: a computation (a statistic, a selection of
+    rows) belongs beneath it, in harness.stats or harness.evaluate, and is only shown here."""
+    lines = sum(len(p.read_text().splitlines()) for p in (REPO / "harness/report").rglob("*.py"))
+    assert 3_000 < lines <= MAX_REPORT_LINES, lines

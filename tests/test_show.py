@@ -16,17 +16,11 @@ from matplotlib.image import imread
 
 from harness.cli import main
 from harness.core import load_protocol
+from harness.core.page_style import CORRECT_COLOUR, WRONG_COLOUR
 from harness.data import prepare_data
 from harness.evaluate import top_neighbours
-from harness.report.retrieval import (
-    CORRECT_COLOUR,
-    DPI,
-    WRONG_COLOUR,
-    RowChoice,
-    cell_rect,
-    grid_size,
-    select_rows,
-)
+from harness.evaluate.retrieval_rows import RowChoice, select_rows
+from harness.report.retrieval import DPI, cell_rect, grid_size
 
 pytestmark = pytest.mark.xdist_group("show")
 QUICK = ["--device", "cpu", "--workers", "0"]

@@ -144,7 +144,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     results = search(catalogue, model, args.images, args.k, args.engine, args.threads)
     folder = Path(catalogue.header["folder"])
     if args.html:
-        from harness.report.search_page import write_search_page
+        from harness.deploy.search_page import write_search_page
 
         write_search_page(args.html, folder, args.images, results, catalogue.header)
     if args.json:

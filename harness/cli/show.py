@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Draw the grid and print its path."""
-    from harness.report.retrieval import RowChoice, default_out, draw_retrieval_grid, folder_of
+    from harness.evaluate.retrieval_rows import RowChoice, folder_of
+    from harness.report.retrieval import default_out, draw_retrieval_grid
 
     folder = folder_of(args.path)
     out = args.out if args.out is not None else default_out(folder)

@@ -18,7 +18,7 @@ from harness.report.glance import Glance, draw_glance, glance_section
 from harness.report.html import write_report
 from harness.report.leaderboard import render, write_leaderboard
 from harness.report.reference import reference_section
-from harness.report.retrieval import RetrievalRow, RowChoice, draw_retrieval_grid, select_rows
+from harness.report.retrieval import draw_retrieval_grid
 from harness.report.verdicts import against_best
 
 __all__ = [
@@ -28,10 +28,7 @@ __all__ = [
     "dumbbells",
     "forest",
     "glance_section",
-    "RetrievalRow",
-    "RowChoice",
     "draw_retrieval_grid",
-    "select_rows",
     "against_best",
     "by_family",
     "cost_figure",

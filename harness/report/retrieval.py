@@ -2,9 +2,8 @@
 images, framed green (same class as the query) or red (another class), drawn from a run's
 saved embeddings folder (`run --save-embeddings`) and the protocol's own data.
 
-Which rows: the worst and the best queries by their MAP@R (ties to the lower query index),
-then random ones drawn with a seed from the rest: the same folder and options give the same
-grid. Which neighbours: those the run itself ranked (neighbours.npy, by its own scorer,
+Which rows: harness.evaluate.retrieval_rows (the worst, the best, then random ones, the same
+for the same folder and options). Which neighbours: those the run itself ranked (neighbours.npy, by its own scorer,
 Euclidean or learned); a format-1 folder (saved before neighbours.npy) is ranked again by
 Euclidean distance, which only a Euclidean run's ranking is.
 
@@ -13,14 +12,14 @@ matplotlib through its object API and the Agg canvas, as harness.report.figures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from harness.core import HarnessError, program_name
+from harness.core import HarnessError
+from harness.core.page_style import CORRECT_COLOUR, QUERY_COLOUR, WRONG_COLOUR
 from harness.data import prepare_data
 from harness.evaluate import AVERAGE_PRECISION, load_embeddings
 from harness.evaluate.ranked import (
@@ -31,14 +30,10 @@ from harness.evaluate.ranked import (
     ranking_name,
     run_protocol,
 )
-from harness.records import read_result
+from harness.evaluate.retrieval_rows import RetrievalRow, RowChoice, select_rows
 
 if TYPE_CHECKING:  # matplotlib loads when a grid is drawn, not with every command
     from matplotlib.figure import Figure
-
-CORRECT_COLOUR = "#00b000"  # the frame of a neighbour of the query's class
-WRONG_COLOUR = "#e00000"  # the frame of a neighbour of another class
-QUERY_COLOUR = "#1f3fbf"  # the query's own frame
 
 # the grid's geometry, in inches at DPI dots per inch (fixed: a grid's pixel size is known)
 DPI = 100
@@ -51,82 +46,16 @@ MARGIN = 0.15  # right and bottom
 FRAME_POINTS = 4.0  # frame line width
 
 
-@dataclass(frozen=True)
-class RetrievalRow:
-    """One row of the grid: a query (its position among the saved queries), why it was
-    chosen (worst, best or random), its MAP@R, its top-k gallery rows (positions among the
-    saved gallery rows) and, for each, whether it has the query's class."""
-
-    query: int
-    kind: str
-    average_precision: float
-    neighbours: tuple[int, ...]
-    correct: tuple[bool, ...]
-
-
-@dataclass(frozen=True)
-class RowChoice:
-    """Which rows a grid shows (`show`'s options): the `worst` queries by MAP@R, the `best`,
-    `random` others drawn with `seed`, each with its top `k` neighbours."""
-
-    k: int = 8
-    worst: int = 4
-    best: int = 4
-    random: int = 4
-    seed: int = 0
-
-    def check(self) -> None:
-        """One line for a grid that cannot have the rows or columns asked for."""
-        for name in ("k", "worst", "best", "random"):
-            count, least = getattr(self, name), 1 if name == "k" else 0
-            if count < least:
-                raise HarnessError(f"--{name} must be at least {least}, got {count}")
-        if self.worst + self.best + self.random == 0:
-            raise HarnessError("no rows to draw: --worst, --best and --random are all 0")
-
-
-def select_rows(
-    average_precision: np.ndarray,
-    neighbours: np.ndarray,
-    query_labels: np.ndarray,
-    gallery_labels: np.ndarray,
-    choice: RowChoice = RowChoice(),
-) -> list[RetrievalRow]:
-    """The grid's rows, reproducibly: the `worst` queries with the lowest MAP@R, the `best`
-    with the highest (ties to the lower query index; a query is chosen once), then `random`
-    of the rest drawn with `seed` (in query order). Queries whose MAP@R is NaN (alone in
-    their class) are never chosen. `neighbours` [Q, >= k]: each query's ranked gallery rows."""
-    k, worst, best, random = choice.k, choice.worst, choice.best, choice.random
-    ap = np.asarray(average_precision, dtype=np.float64)
-    if neighbours.shape[1] < k:
-        raise HarnessError(f"--k {k} is more than the {neighbours.shape[1]} neighbours kept")
-    candidates = np.flatnonzero(np.isfinite(ap))
-    by_ap = candidates[np.lexsort((candidates, ap[candidates]))]  # ascending, ties by index
-    by_ap_desc = candidates[np.lexsort((candidates, -ap[candidates]))]
-    chosen: list[tuple[int, str]] = [(int(q), "worst") for q in by_ap[:worst]]
-    taken = {q for q, _ in chosen}
-    chosen += [(int(q), "best") for q in by_ap_desc if q not in taken][:best]
-    taken = {q for q, _ in chosen}
-    rest = np.array([q for q in candidates if q not in taken], dtype=np.int64)
-    drawn = np.random.default_rng(choice.seed).permutation(rest)[:random]
-    chosen += [(int(q), "random") for q in np.sort(drawn)]
-    rows = []
-    for q, kind in chosen:
-        top = tuple(int(g) for g in neighbours[q, :k])
-        correct = tuple(bool(gallery_labels[g] == query_labels[q]) for g in top)
-        rows.append(RetrievalRow(q, kind, float(ap[q]), top, correct))
-    return rows
-
-
 def draw_retrieval_grid(
-    folder: Path, out_png: Path, choice: RowChoice = RowChoice(), data_root: Path | None = None
+    folder: Path, out_png: Path, choice: RowChoice | None = None, data_root: Path | None = None
 ) -> Path:
     """Draw the retrieval grid of a run's saved embeddings folder (seed<k>.embeddings) into
-    `out_png` (the rows `choice` says); returns its path. The images come from the run's protocol's data (the result
-    beside the folder says which protocol; `data_root` for a dataset read from disk), checked
+    `out_png` (the rows `choice` says, show's defaults if None); returns its path. The images
+    come from the run's protocol's data (the result beside the folder says which protocol; `data_root` for a dataset read from disk), checked
     to be the run's: their labels must equal the saved ones. HarnessError, one line, for a
     folder that cannot be drawn (see harness.cli.show)."""
     folder = Path(folder)
+    choice = RowChoice() if choice is None else choice  # show's defaults
     choice.check()
     k = choice.k
     saved = load_embeddings(folder)
@@ -250,24 +179,3 @@ def _save(fig: Figure, out_png: Path) -> Path:
 def default_out(result_or_folder: Path) -> Path:
     """Beside the run: seed<k>.retrieval.png."""
     return Path(result_or_folder).with_suffix(".retrieval.png")
-
-
-def folder_of(path: Path) -> Path:
-    """The saved embeddings folder of a result file (seed<k>.json) or the folder itself;
-    one-line HarnessErrors for a path that is neither, or a run that saved none."""
-    path = Path(path)
-    if path.is_dir():
-        if not (path / "embeddings.json").is_file():
-            raise HarnessError(f"{path} is not a seed<k>.embeddings folder written by `run "
-                               "--save-embeddings`; pass one, or a run's seed<k>.json")  # fmt: skip
-        return path
-    if path.suffix != ".json" or not path.is_file():
-        raise HarnessError(f"{path} is not a run's result (seed<k>.json) or its seed<k>.embeddings "
-                           "folder; pass one of them")  # fmt: skip
-    record = read_result(path)
-    folder = path.with_suffix(".embeddings")
-    if not record.embeddings or not folder.is_dir():
-        state = "" if record.status == "ok" else f" (its status: {record.status})"
-        raise HarnessError(f"{path} has no saved embeddings{state}; rerun it with "
-                           f"`{program_name()} run ... --save-embeddings --force`")  # fmt: skip
-    return folder

@@ -21,7 +21,7 @@ from harness.core import HarnessError
 from harness.data.lazy import decode, open_rgb
 from harness.data.photo_decode import open_photo
 from harness.deploy.images import report_failed
-from harness.report.search_page import thumbnail
+from harness.deploy.search_page import thumbnail
 
 REPO = Path(__file__).resolve().parents[3]
 CUB100 = REPO.parent / "shared" / "data" / "cub100" / "cub100.zip"

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.core import HarnessError
+from harness.core.page_style import CSS, GENERATOR, QUERY_COLOUR
 from harness.data.photo_decode import open_photo
 from harness.records import write_text_atomic
-from harness.report.markup import CSS, GENERATOR
-from harness.report.retrieval import QUERY_COLOUR
 
 THUMB = 160  # pixels, the longer side
 
