@@ -38,9 +38,11 @@ def protocol_blocks(runs: list[RunResult]) -> list[Block]:
     the agreement table names them) with its rows' means, oldest protocol first; a protocol
     with tuned runs enters with its tuned ranking. When a real-photo protocol is tuned, every
     real-photo protocol also enters at the papers' defaults, under PRETRAINED_DEFAULT (which
-    `main_blocks` leaves out of the comparison over every protocol)."""
+    `main_blocks` leaves out of the comparison over every protocol), and a real-photo protocol
+    not tuned yet enters there alone: the tuned comparison holds only tuned protocols, so a
+    protocol landed at its defaults first never mixes untuned numbers into it."""
 
-    blocks, defaults = [], []
+    blocks, defaults, waiting = [], [], []
     for name, group in protocol_groups(runs, tuned=True).items():
         metric = main_metric(group)
         setting = PRETRAINED if pretrained(group) else SCRATCH
@@ -48,12 +50,14 @@ def protocol_blocks(runs: list[RunResult]) -> list[Block]:
         if any(r.tuning for r in group):
             _, values, _ = tuned_values(group, metric)
             blocks.append(_block(name + TUNED_BLOCK, metric, values, group, setting))
+        elif setting == PRETRAINED:  # in the tuned comparison only while none is tuned
+            waiting.append(_block(name, metric, untuned, group, setting))
         else:  # as the agreement table ranks them
             blocks.append(_block(name, metric, untuned, group, setting))
         if setting == PRETRAINED:
             defaults.append(_block(name, metric, untuned, group, PRETRAINED_DEFAULT))
-    if any(b.setting == PRETRAINED and b.name.endswith(TUNED_BLOCK) for b in blocks):
-        blocks += defaults
+    tuned_photos = any(b.setting == PRETRAINED for b in blocks)
+    blocks += defaults if tuned_photos else waiting
     return sorted(blocks, key=lambda b: (b.started, b.name))
 
 
@@ -69,8 +73,10 @@ def _block(name: str, metric: str, values: dict[str, dict[int, float]], group: l
 
 def main_blocks(blocks: list[Block]) -> list[Block]:
     """The blocks of the comparison over every protocol: one per protocol (tuned where it
-    is), the real-photo protocols' paper-default twins left out."""
-    return [b for b in blocks if b.setting != PRETRAINED_DEFAULT]
+    is), the real-photo protocols' paper-default twins left out; a real-photo protocol not
+    tuned yet enters with its paper-default block, its only one."""
+    tuned = {b.name.removesuffix(TUNED_BLOCK) for b in blocks if b.name.endswith(TUNED_BLOCK)}
+    return [b for b in blocks if b.setting != PRETRAINED_DEFAULT or b.name not in tuned]
 
 
 def by_setting(blocks: list[Block]) -> dict[str, list[Block]]:
