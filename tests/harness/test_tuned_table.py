@@ -189,17 +189,23 @@ def test_the_tuned_photo_verdict_quotes_the_hand_worked_numbers():
     pretrained += [pretrained_result(m, s, v, True) for m, vs in TUNED.items()
                    for s, v in enumerate(vs)]  # fmt: skip
     assert tuned_verdict({"p": pretrained}) == (
-        "Tuned, each method with the same 12 Optuna trials on validation classes (the first "
-        "its paper default), then 3 seeds on the test classes: on p, b leads (41.0 MAP@R) and "
-        "every other method is significantly below it. Tuning flipped the ordering of 1 of 3 "
-        "pairs on p (1 resolved at the defaults, 1 of them resolved the other way tuned). The "
-        "Reality Check's finding, that gaps shrink once every method is tuned, holds on 1 of "
-        "1: the best method's lead over the median one goes from 5.0 to 4.0 points on p. Every "
+        "| dataset | leader | ≈ leader | zero-shot | leader's | its lead over the median, "
+        "defaults → tuned |\n|---|---|---|---:|---:|---|\n"
+        "| p | b | none | 11.3 | 41.0 | 5.0 → 4.0 |\n\n"  # c, the zero-shot row: 34 / 3
+        "MAP@R in percent, the mean over seeds. Tuned, each method with the same 12 Optuna "
+        "trials on validation classes (the first its paper default), then 3 seeds on the test "
+        "classes. Tuning flipped the ordering of 1 of 3 pairs on p (1 resolved at the defaults, "
+        "1 of them resolved the other way tuned). The Reality Check's finding, that gaps shrink "
+        "once every method is tuned, holds on 1 of 1 tuned datasets (the last column). Every "
         "seed-paper claim gets the same verdict tuned as at the defaults."
     )
     assert tuned_verdict({"p": [r for r in pretrained if not r.tuning]}) == ""
     only_tuned = tuned_verdict({"p": [r for r in pretrained if r.tuning]})  # no defaults ran
-    assert "on p, b leads (41.0 MAP@R)" in only_tuned and "gaps shrink" not in only_tuned
+    assert "| p | b | none | - | 41.0 | - |" in only_tuned and "gaps shrink" not in only_tuned
+    # a protocol whose studies have not run yet: its defaults, marked, beside a tuned one
+    both = tuned_verdict({"p": pretrained, "r": [r for r in pretrained if not r.tuning]})
+    assert "| r | a (*defaults*) | none | 11.3 | 31.0 | 5.0 → not tuned yet |" in both
+    assert "(a dataset marked *defaults*: its paper-default runs only" in both
     assert tuned_verdict({"q": runs("q")}) == ""  # random weights: not a photo verdict
 
 
@@ -207,7 +213,7 @@ def test_the_verdict_names_the_claims_that_hold_only_untuned_or_only_tuned():
     from harness.report.tuned_verdict import ProtocolVerdict, _claims
 
     def verdict(name: str, untuned: list[str], tuned: list[str]) -> ProtocolVerdict:
-        return ProtocolVerdict(name, "map@r", "a", 1.0, [], 1, 0, 0, 0, 1.0, 1.0, {20}, 5,
+        return ProtocolVerdict(name, "map@r", "a", [], 1, 0, 0, 0, 1.0, 1.0, {20}, 5,
                                untuned, tuned)  # fmt: skip
 
     both = [verdict("cars", ["x > y"], ["p > q"]), verdict("birds", [], ["r > s"])]
