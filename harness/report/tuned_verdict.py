@@ -1,5 +1,6 @@
-"""The tuned real-photo verdict in one paragraph, over every pretrained protocol with tuned
-runs: which tuned methods cannot be told from the best, how many orderings tuning flipped,
+"""The tuned real-photo verdict as a table and a paragraph, over every pretrained protocol (a
+table row each, marked while its studies have not run): which tuned methods cannot be told
+from the best, how many orderings tuning flipped,
 whether the gaps between methods shrink once each is tuned (the Reality Check's finding),
 and which of the seed papers' claims hold only untuned. The leaderboard carries it and the
 README's first screen quotes it; both come from this one computation (a test checks it)."""
@@ -63,11 +64,11 @@ def _ties(ties: list[str]) -> str:
 
 
 def verdict_table(groups: dict[str, list[RunResult]]) -> str:
-    """The per-dataset verdicts, one row per real-photo protocol: the
-    leader once each method is tuned (at the papers' defaults, marked, while the protocol's
-    studies have not run), the rows the seeds cannot tell from it (`vs best`), the zero-shot
-    and the leader's MAP@R, and the leader's lead over the median method at the defaults and
-    tuned (the Reality Check's gap)."""
+    """The per-dataset verdicts, one row per real-photo protocol: the leader once each method
+    is tuned (at the papers' defaults, marked, while the protocol's studies have not run), the
+    rows the seeds cannot tell from it (`vs best`), the zero-shot and the leader's MAP@R, and
+    the leader's lead over the median method at the defaults and tuned (the Reality Check's
+    gap)."""
     lines = ["| dataset | leader | ≈ leader | zero-shot | leader's | its lead over the median, "
              "defaults → tuned |", "|---|---|---|---:|---:|---|"]  # fmt: skip
     for name, runs in sorted(groups.items()):
