@@ -9,7 +9,7 @@ from harness.report.tuned_verdict import ProtocolVerdict
 
 
 def verdict(name: str, best: str, gap_default: float, gap_tuned: float) -> ProtocolVerdict:
-    return ProtocolVerdict(name, "map@r", best, 40.0, [], 3, 0, 0, 0, gap_default, gap_tuned,
+    return ProtocolVerdict(name, "map@r", best, [], 3, 0, 0, 0, gap_default, gap_tuned,
                            {20}, 5, [], [])  # fmt: skip
 
 
