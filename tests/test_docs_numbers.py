@@ -344,6 +344,10 @@ def test_what_the_hierarchical_model_changes_verdicts_quotes():
         f"{theirs[3]}.",
         "the model decides",
     )
+    goal = [(len(a.one_sided()) - len(a.still_open()), len(a.one_sided())) for a in found.values()]
+    page.numbers(r"it decides (\d+) of (\d+) over all (\d+) protocols, (\d+) of (\d+) over the "
+                 r"real photos tuned, (\d+) of (\d+) at the defaults and (\d+) of (\d+) from scratch",
+                 *goal[0], len(found[ALL].blocks), *(n for pair in goal[1:] for n in pair))  # fmt: skip
     done = [a.converged() for a in found.values()]
     retried = sum(p.diagnostics.retried for a in found.values() for p in a.posteriors.values())
     page.numbers(r"(\d+) of the (\d+) comparisons converged \((\d+) after a second sampling\)",

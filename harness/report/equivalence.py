@@ -46,8 +46,7 @@ def _over(a: Across) -> str:
 
 
 def _seeds(a: Across) -> str:
-    low, high = a.seeds
-    return f"{low}" if low == high else f"{low} to {high}"
+    return f"{a.seeds[0]}" if a.seeds[0] == a.seeds[1] else f"{a.seeds[0]} to {a.seeds[1]}"
 
 
 def _left_out(a: Across) -> str:
@@ -120,9 +119,9 @@ def _diagnostics_cell(posterior: Posterior | None) -> str:
 def table(a: Across) -> str:
     """One row per method: the hierarchical model's probabilities at the ROPE, its verdict at
     each ROPE of the sensitivity table, `fragile` where the verdict flips inside that range,
-    the signed-rank test's probabilities and verdict at the ROPE beside them, and the
-    model's R-hat and effective sample size."""
-    rows = []
+    the signed-rank test's at the ROPE beside them, the model's R-hat and effective sample
+    size, and the ROPE's region of the difference on every protocol (Across.one_sided)."""
+    rows, one = [], a.one_sided()
     for m in a.order():
         row = {"method": m, f"P(worse · ≈ · better), ±{a.rope:g}": a.probs[m].cell()}
         for r in sorted(a.sensitivity):
@@ -131,6 +130,7 @@ def table(a: Across) -> str:
         sr = a.signed_rank[m]
         row[f"signed-rank, ±{a.rope:g}"] = f"{sr.cell()}: {_verdict_cell(sr)}"
         row["R-hat · ESS"] = _diagnostics_cell(a.posteriors.get(m))
+        row["every protocol"] = {"equivalent": "≈"}.get(one.get(m, ""), one.get(m, "straddles"))
         rows.append(row)
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False,
                     disable_numparse=True)  # fmt: skip
@@ -190,13 +190,15 @@ def section(blocks: list[Block], cache: PosteriorCache | None = None) -> str:
              "protocol, the tables' `P(worse · ≈ · better)` columns give the same three from "
              "its seeds (docs/verdicts.md).", ""]  # fmt: skip
     for a in found:
-        eq = a.equivalent()
+        eq, one, still = a.equivalent(), a.one_sided(), a.still_open()
         done, total = a.converged()
         lines += [f"### {_over(a).capitalize()}, ROPE ±{a.rope:g}", "",
                   f"Reference: {a.reference}. Practically equivalent to it (P ≥ "
                   f"{DECISIVE:g}): {', '.join(eq) if eq else 'none'}. "
-                  f"{_against_signed_rank(a)} {done} of {total} comparisons converged."
-                  f"{_left_out(a)}", "", table(a), "",
+                  f"{_against_signed_rank(a)} {done} of {total} comparisons converged. Of the "
+                  f"{len(one)} methods on one side of ±{a.rope:g} on every protocol (`every "
+                  f"protocol`), {len(one) - len(still)} are decided; open: "
+                  f"{', '.join(still) or 'none'}.{_left_out(a)}", "", table(a), "",
                   f"Each protocol's mean difference from {a.reference} after shrinkage "
                   "(points: posterior mean [95 % interval]; `=` entered as known, its seeds "
                   "without spread):", "", shrunk_table(a), ""]  # fmt: skip

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from harness.records import RunResult, pretrained, zero_shot_row
 from harness.report.claims import claim_rows
-from harness.report.tuned import _mean, gap_rows, tuned_summary
+from harness.report.tuned import TunedSummary, _mean, gap_rows, tuned_summary
 
 SHOWN = 2  # tied names listed per protocol; the rest are counted
 
@@ -37,11 +37,13 @@ class ProtocolVerdict:
     only_tuned: list[str]  # claims that hold tuned and not at the defaults
 
 
-def protocol_verdict(name: str, runs: list[RunResult]) -> ProtocolVerdict | None:
-    """The tuned verdict of one protocol; None without tuned runs or under random weights."""
+def protocol_verdict(name: str, runs: list[RunResult], s: TunedSummary | None = None
+                     ) -> ProtocolVerdict | None:  # fmt: skip
+    """The tuned verdict of one protocol (`s`: its tuned_summary, when the caller has it);
+    None without tuned runs or under random weights."""
     if not runs or not pretrained(runs) or not any(r.tuning for r in runs):
         return None
-    s = tuned_summary(runs)
+    s = s or tuned_summary(runs)
     # gaps need two methods with runs both ways (a protocol tuned before its defaults ran has none)
     both = s.gaps(gap_rows(runs, s))
     (gap_default, _), (gap_tuned, _) = both or ((math.nan, math.nan), (math.nan, math.nan))
@@ -63,18 +65,18 @@ def _ties(ties: list[str]) -> str:
     return f"{len(ties)}: " + ", ".join(ties[:SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
-def verdict_table(groups: dict[str, list[RunResult]]) -> str:
+def verdict_table(groups: dict[str, list[RunResult]], given: dict[str, TunedSummary]) -> str:
     """The per-dataset verdicts, one row per real-photo protocol: the leader once each method
     is tuned (at the papers' defaults, marked, while the protocol's studies have not run), the
     rows the seeds cannot tell from it (`vs best`), the zero-shot and the leader's MAP@R, and
     the leader's lead over the median method at the defaults and tuned (the Reality Check's
-    gap)."""
+    gap). `given`: each protocol's tuned_summary, computed once for the table and paragraph."""
     lines = ["| dataset | leader | ≈ leader | zero-shot | leader's | its lead over the median, "
              "defaults → tuned |", "|---|---|---|---:|---:|---|"]  # fmt: skip
     for name, runs in sorted(groups.items()):
         if not runs or not pretrained(runs):
             continue
-        s, tuned, zero = tuned_summary(runs), any(r.tuning for r in runs), zero_shot_row(runs)
+        s, tuned, zero = given[name], any(r.tuning for r in runs), zero_shot_row(runs)
         both = s.gaps(gap_rows(runs, s))
         lead = "-" if both is None else f"{both[0][0]:.1f} → " + (
             f"{both[1][0]:.1f}" if tuned else "not tuned yet")  # fmt: skip
@@ -88,7 +90,8 @@ def tuned_verdict(groups: dict[str, list[RunResult]], flips: bool = True) -> str
     """The per-dataset table and the paragraph under it (empty when no pretrained protocol has
     tuned runs); without `flips`, the README's copy, which leaves the count of flipped
     orderings to the leaderboard."""
-    verdicts = [v for name, g in sorted(groups.items()) if (v := protocol_verdict(name, g))]
+    given = {name: tuned_summary(g) for name, g in groups.items() if g and pretrained(g)}
+    verdicts = [v for n, g in sorted(groups.items()) if (v := protocol_verdict(n, g, given.get(n)))]
     if not verdicts:
         return ""
     trials = set().union(*(v.trials for v in verdicts))
@@ -101,7 +104,7 @@ def tuned_verdict(groups: dict[str, list[RunResult]], flips: bool = True) -> str
     gap = _gaps([v for v in verdicts if not math.isnan(v.gap_default)])
     claims = _claims(verdicts)
     metric = {"map@r": "MAP@R"}.get(verdicts[0].metric, verdicts[0].metric)
-    table = verdict_table(groups)
+    table = verdict_table(groups, given)
     waiting = (" (a dataset marked *defaults*: its paper-default runs only, its studies still "
                "to run)") if "*defaults*" in table else ""  # fmt: skip
     return (

@@ -31,7 +31,8 @@ class Across:
     `seeds` seeds), the reference method, the ROPE in points, and each other method's
     probabilities against the reference by the hierarchical model at that ROPE (`probs`) and
     at each of ROPES (`sensitivity`), its posterior (`posteriors`: shrunk means, diagnostics,
-    protocols left out), and the signed-rank test's probabilities at the ROPE beside them."""
+    protocols left out), the signed-rank test's probabilities at the ROPE beside them, and
+    each method's mean difference from the reference on each protocol (`gaps`, points)."""
 
     label: str
     blocks: list[str]
@@ -42,6 +43,7 @@ class Across:
     sensitivity: dict[float, dict[str, Verdict]]
     signed_rank: dict[str, Probs] = field(default_factory=dict)
     posteriors: dict[str, Posterior] = field(default_factory=dict)
+    gaps: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def equivalent(self) -> list[str]:
         """The methods practically equivalent to the reference with P >= DECISIVE."""
@@ -81,9 +83,33 @@ class Across:
         """Method -> the protocols left out of its comparison (fewer than 2 shared seeds)."""
         return {m: p.left_out for m, p in sorted(self.posteriors.items()) if p.left_out}
 
+    def one_sided(self) -> dict[str, str]:
+        """Method -> `worse`, `equivalent` or `better`, for each compared method whose mean
+        difference from the reference lies in that region of the ROPE on every protocol: the
+        comparisons the model is expected to decide. A method whose differences straddle the
+        ROPE is left out: the protocols disagree, so the next one may fall either way."""
+        out = {}
+        for m, by_protocol in self.gaps.items():
+            regions = {region(d, self.rope) for d in by_protocol.values()}
+            if m in self.probs and len(regions) == 1:
+                out[m] = regions.pop()
+        return out
+
+    def still_open(self) -> list[str]:
+        """The one-sided methods (see one_sided) without that verdict at P >= DECISIVE:
+        undecided, not converged, or (rarely) the other verdict."""
+        return sorted(m for m, r in self.one_sided().items() if self.probs[m].verdict() != r)
+
     def converged(self) -> tuple[int, int]:
         """(comparisons that converged or needed no sampling, comparisons)."""
         return sum(p.diagnostics.converged for p in self.posteriors.values()), len(self.posteriors)
+
+
+def region(difference: float, rope: float) -> str:
+    """Where a mean difference (points, method minus reference) lies against the ROPE."""
+    if difference < -rope:
+        return "worse"
+    return "better" if difference > rope else "equivalent"
 
 
 _WARNED: set[str] = set()  # a leaderboard draws each comparison twice (figure, section)
@@ -140,8 +166,10 @@ def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None =
                            "comparison; run more seeds of the two there")  # fmt: skip
     sensitivity = {r: {m: p.at(r) for m, p in posteriors.items()} for r in all_ropes}
     seeds = (min(b.seeds for b in kept), max(b.seeds for b in kept))
+    gaps = {m: {b: float(table.loc[b, m] - table.loc[b, reference]) for b in table.index}
+            for m in shared if m != reference}  # fmt: skip
     return Across(label, [b.name for b in kept], seeds, reference, rope, sensitivity[rope],
-                  sensitivity, signed, posteriors)  # fmt: skip
+                  sensitivity, signed, posteriors, gaps)  # fmt: skip
 
 
 def comparisons(blocks: list[Block], cache: PosteriorCache | None = None) -> list[Across]:

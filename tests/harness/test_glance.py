@@ -428,7 +428,9 @@ def test_the_readme_and_leaderboard_give_the_committed_tuned_photo_verdict(commi
     section = readme.split("\n## Real photos")[1].split("\n", 1)[1].split("\n## ")[0]
     photos = " ".join(section.split())
     readme_copy = tuned_verdict(protocol_groups(runs, tuned=True), flips=False)
-    assert photos.startswith(" ".join(readme_copy.split()))
+    assert photos.startswith(" ".join(readme_copy.split())), (
+        "README's real-photo section is stale; it opens with this (re-wrapped):\n" + readme_copy
+    )
     leaderboard = (REFERENCE / "LEADERBOARD.md").read_text(encoding="utf-8")
     assert text in leaderboard
 

@@ -177,6 +177,27 @@ def test_across_protocols_names_the_reference_the_equivalent_and_the_fragile(can
     assert "-0.80 [-0.90, -0.70]" in text  # the stand-in's shrunk means, in their table
 
 
+def test_the_methods_on_one_side_of_the_rope_everywhere_are_counted_and_the_open_named(canned):
+    """A method whose mean difference from the reference lies in one region of the ROPE on
+    every protocol is a comparison the model is expected to decide: B (-0.8 everywhere:
+    within ±1) and C (-10: worse) are decided; D (-1.2 and -6 by turns: worse everywhere,
+    but so spread that the stand-in gives P(worse) 0.86) stays open; E (-0.5 and -3 by
+    turns) straddles ±1, so it is not counted."""
+    blocks = _blocks()
+    for i, b in enumerate(blocks):
+        for name, shift in (("D", (0.012, 0.06)[i % 2]), ("E", (0.005, 0.03)[i % 2])):
+            b.values[name] = {s: v - shift for s, v in b.values["A"].items()}
+            b.means[name] = b.means["A"] - shift
+    a = across(blocks)
+    assert a.gaps["D"]["p0"] == pytest.approx(-1.2) and a.gaps["E"]["p1"] == pytest.approx(-3)
+    assert a.one_sided() == {"B": "equivalent", "C": "worse", "D": "worse"}
+    assert a.probs["D"].worse == pytest.approx(0.86, abs=0.01) and a.still_open() == ["D"]
+    text = section(blocks)
+    assert "Of the 3 methods on one side of ±1 on every protocol" in text
+    assert "2 are decided; open: D." in text
+    assert " | straddles " in next(line for line in text.splitlines() if line.startswith("| E "))
+
+
 def test_the_protocols_rope_is_used_when_they_share_one(canned):
     assert across(_blocks((2.0,) * 4)).rope == 2.0
     assert across(_blocks((2.0, 2.0, 1.0, 1.0))).rope == 1.0  # they differ: the default
