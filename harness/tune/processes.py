@@ -7,6 +7,10 @@ free, runs that method's whole study (`tune_method`, exactly as one process woul
 value does not depend on the process or its thread count), and keeps its cached features
 for the next method. The studies share one storage; its schema is created here, once,
 before the processes start (two processes creating an SQLite file's tables at once fail).
+
+Ctrl-C stops every process at once: each records its running trial as failed and exits, so
+no study queued behind it starts (a pool's worker would otherwise take the next one); a
+Ctrl-C or SIGTERM that only this process saw is passed on to them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import signal
 from pathlib import Path
 
 from harness.core import load_methods, load_protocol
@@ -41,7 +46,19 @@ def _start(threads: int) -> None:
 def _study(protocol_name: str, method: str, trials: int, options: TuneOptions) -> Path:
     """One method's whole study, in a process of the pool."""
     runs_under = load_protocol(protocol_name)
-    return tune_method(tuning_view(runs_under), method, trials, options, runs_under)
+    try:
+        return tune_method(tuning_view(runs_under), method, trials, options, runs_under)
+    except KeyboardInterrupt:  # the trial is recorded as failed; take no queued study after it
+        os._exit(130)
+
+
+def _interrupt(process: multiprocessing.Process) -> None:
+    """Ctrl-C in one of the pool's processes, unless it has ended already."""
+    if process.is_alive() and process.pid is not None:
+        try:
+            os.kill(process.pid, signal.SIGINT)
+        except ProcessLookupError:  # it ended in between
+            pass
 
 
 def tune(
@@ -84,7 +101,10 @@ def tune_in_processes(
                 if options.progress:
                     print(f"{futures[future]}: study done ({len(written)} of {len(methods)})",
                           flush=True)  # fmt: skip
-        except BaseException:  # a failed study or Ctrl-C: start no other; running ones end
+        except BaseException as exc:  # a failed study: start no other; running ones end
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: running ones stop too
+                for process in list((getattr(pool, "_processes", None) or {}).values()):
+                    _interrupt(process)
             pool.shutdown(wait=True, cancel_futures=True)  # (their finished trials are stored)
             raise
     return {m: written[m] for m in methods}

@@ -231,3 +231,43 @@ def test_studies_in_processes_find_what_one_process_finds(learning_val, tmp_path
                  "--trials", "3", "--processes", "2", "--engine", "ray",
                  "--results-dir", str(tmp_path / "ray")]) == 2  # fmt: skip
     assert "drop --processes" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_studies_in_processes_at_once(learning_val, tmp_path):
+    """SIGINT (Ctrl-C, or SIGTERM, that only `tune` saw) while two studies run side by side
+    stops both at once: exit 130, the running trials recorded as failed, and no study queued
+    behind them started (a pool's worker would otherwise take it and run it whole)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    results = tmp_path / "results"
+    db = results / "tuning/learning_val/studies.db"
+    command = [sys.executable, "-m", "harness", "tune", "--protocol", learning_val, "--method",
+               "contrastive,triplet,margin", "--trials", "200", "--processes", "2",
+               "--results-dir", str(results), "-q"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+
+    def finished() -> dict[str, int]:
+        storage = f"sqlite:///{db}"
+        if not db.is_file():
+            return {}
+        return {s.study_name.split("/")[1].split("@")[0]: s.n_trials
+                for s in optuna.get_all_study_summaries(storage)}  # fmt: skip
+
+    deadline = time.monotonic() + 240
+    while len(finished()) < 2 or min(finished().values()) < 2:  # both studies under way
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    stopped = time.monotonic()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "run the same command again to resume" in err
+    assert time.monotonic() - stopped < 60  # not the studies' 200 trials
+    assert sorted(finished()) == ["contrastive", "triplet"]  # margin never started
