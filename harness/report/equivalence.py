@@ -197,7 +197,7 @@ def section(blocks: list[Block], cache: PosteriorCache | None = None) -> str:
                   f"{DECISIVE:g}): {', '.join(eq) if eq else 'none'}. "
                   f"{_against_signed_rank(a)} {done} of {total} comparisons converged. Of the "
                   f"{len(one)} methods on one side of ±{a.rope:g} on every protocol (`every "
-                  f"protocol`), {len(one) - len(still)} are decided; open: "
+                  f"protocol`), decided: {len(one) - len(still)}; open: "
                   f"{', '.join(still) or 'none'}.{_left_out(a)}", "", table(a), "",
                   f"Each protocol's mean difference from {a.reference} after shrinkage "
                   "(points: posterior mean [95 % interval]; `=` entered as known, its seeds "

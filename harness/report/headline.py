@@ -28,10 +28,10 @@ def headline(groups: dict[str, list[RunResult]]) -> str:
 
 
 def _leaders(verdicts: list[ProtocolVerdict]) -> str:
-    n = len({v.best for v in verdicts})
-    where = _and([f"{v.best}{' leads' if i == 0 else ''} on {v.name}"
-                  for i, v in enumerate(verdicts)])  # fmt: skip
-    lead = (f"no loss is best everywhere: {where}" if n > 1
+    by = {v.best: [w.name for w in verdicts if w.best == v.best] for v in verdicts}  # its datasets
+    where = _and([f"{best}{' leads' if i == 0 else ''} on {_and(names)}"
+                  for i, (best, names) in enumerate(by.items())])  # fmt: skip
+    lead = (f"no loss is best everywhere: {where}" if len(by) > 1
             else f"{verdicts[0].best} leads on all {len(verdicts)}")  # fmt: skip
     return (f"On {len(verdicts)} real-photo datasets with an ImageNet-pretrained network, each "
             f"loss tuned with the same budget, {lead}.")  # fmt: skip

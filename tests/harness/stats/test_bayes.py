@@ -194,7 +194,7 @@ def test_the_methods_on_one_side_of_the_rope_everywhere_are_counted_and_the_open
     assert a.probs["D"].worse == pytest.approx(0.86, abs=0.01) and a.still_open() == ["D"]
     text = section(blocks)
     assert "Of the 3 methods on one side of ±1 on every protocol" in text
-    assert "2 are decided; open: D." in text
+    assert "decided: 2; open: D." in text
     assert " | straddles " in next(line for line in text.splitlines() if line.startswith("| E "))
 
 
@@ -271,6 +271,9 @@ def test_the_leaderboard_figure_and_readme_quote_one_computation(committed):
     assert (REFERENCE / "figures" / "equivalence_pretrained.png").is_file()
     readme = (REFERENCE.parents[1] / "README.md").read_text(encoding="utf-8")
     assert readme_sentence(pretrained) in " ".join(readme.split())  # its real-photo section
+    one, still = pretrained.one_sided(), pretrained.still_open()  # and the goal's count after it
+    assert (f"Of the {len(one)} methods on one side of ±{pretrained.rope:g} on every protocol, "
+            f"the model decides {len(one) - len(still)} ") in " ".join(readme.split())  # fmt: skip
 
 
 def test_compare_prints_the_probabilities_at_the_protocols_rope(committed, capsys):
