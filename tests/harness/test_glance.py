@@ -363,7 +363,8 @@ def test_the_leaderboard_section_links_every_figure(committed, tmp_path):
                           "cd_diagram_pretrained.png", "ranks_bump_pretrained.png",
                           "cd_diagram_scratch.png", "ranks_bump_scratch.png", "equivalence.png",
                           "equivalence_pretrained.png", "equivalence_scratch.png",
-                          "dumbbell_cars.png", "dumbbell_groceries.png", "dumbbell_birds.png", "dumbbell_plankton.png",
+                          "dumbbell_cars.png", "dumbbell_groceries.png", "dumbbell_birds.png",
+                          "dumbbell_plankton.png",
                           "cd_diagram_pretrained_default.png", "ranks_bump_pretrained_default.png",
                           "equivalence_pretrained_default.png"}  # fmt: skip
     assert section.index("cd_diagram.png") < section.index("equivalence.png")

@@ -25,6 +25,13 @@ def test_several_leaders_and_gaps_that_shrink_everywhere():
                                 "2.7 and 1.3 at the papers' defaults.")  # fmt: skip
 
 
+def test_a_leader_of_several_datasets_is_named_once_with_its_datasets():
+    four = [verdict("birds", "circle", 2.7, 1.7), verdict("cars", "margin", 1.3, 0.9),
+            verdict("groceries", "hdc", 5.2, 3.6), verdict("plankton", "hdc", 2.0, 1.8)]  # fmt: skip
+    assert _leaders(four).endswith("no loss is best everywhere: circle leads on birds, margin "
+                                   "on cars and hdc on groceries and plankton.")  # fmt: skip
+
+
 def test_one_leader_everywhere_and_a_gap_that_grows():
     same = [verdict("birds", "circle", 2.7, 1.7), verdict("cars", "circle", 0.9, 1.3)]
     assert _leaders(same).endswith("each loss tuned with the same budget, circle leads on all 2.")
