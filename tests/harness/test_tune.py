@@ -252,7 +252,10 @@ def test_ctrl_c_stops_studies_in_processes_at_once(learning_val, tmp_path):
                "contrastive,triplet,margin", "--trials", "200", "--processes", "2",
                "--results-dir", str(results), "-q"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C's own disposition: a shell that started this suite in the background left SIGINT
+    # ignored, and a child inherits that (Python then never raises KeyboardInterrupt)
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
     def finished() -> dict[str, int]:
         storage = f"sqlite:///{db}"
