@@ -10,7 +10,8 @@ before the processes start (two processes creating an SQLite file's tables at on
 
 Ctrl-C stops every process at once: each records its running trial as failed and exits, so
 no study queued behind it starts (a pool's worker would otherwise take the next one); a
-Ctrl-C or SIGTERM that only this process saw is passed on to them.
+Ctrl-C or SIGTERM that only this process saw is passed on to them, even when `tune` was
+started in the background with SIGINT ignored.
 """
 
 from __future__ import annotations
@@ -36,8 +37,15 @@ def threads_per_process(processes: int) -> int:
 
 
 def _start(threads: int) -> None:
-    """A new process: its share of the cores, and the methods (plugins from the environment)."""
+    """A new process: its share of the cores, and the methods (plugins from the environment).
+
+    A `tune` started in the background (`nohup ... &`) has SIGINT ignored, and a spawned
+    process inherits that: the SIGINT this process passes on at SIGTERM would then be lost
+    and the studies run on. Python's own Ctrl-C handler is put back."""
     import torch
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     torch.set_num_threads(threads)
     load_methods()

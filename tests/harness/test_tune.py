@@ -2,6 +2,7 @@
 embedding the test split; `run --tuned` applies the overlay."""
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -234,12 +235,18 @@ def test_studies_in_processes_find_what_one_process_finds(learning_val, tmp_path
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_studies_in_processes_at_once(learning_val, tmp_path):
+@pytest.mark.parametrize(
+    "disposition, stop",
+    [(signal.SIG_DFL, signal.SIGINT), (signal.SIG_IGN, signal.SIGTERM)],
+    ids=["ctrl-c", "sigterm-to-a-background-tune"],
+)
+def test_ctrl_c_stops_studies_in_processes_at_once(learning_val, tmp_path, disposition, stop):
     """SIGINT (Ctrl-C, or SIGTERM, that only `tune` saw) while two studies run side by side
     stops both at once: exit 130, the running trials recorded as failed, and no study queued
-    behind them started (a pool's worker would otherwise take it and run it whole)."""
+    behind them started (a pool's worker would otherwise take it and run it whole). A `tune`
+    started in the background (`nohup ... &`) has SIGINT ignored, and so would the processes
+    it spawns: SIGTERM must stop them all the same."""
     import os
-    import signal
     import subprocess
     import sys
     import time
@@ -252,10 +259,10 @@ def test_ctrl_c_stops_studies_in_processes_at_once(learning_val, tmp_path):
                "contrastive,triplet,margin", "--trials", "200", "--processes", "2",
                "--results-dir", str(results), "-q"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    # Ctrl-C's own disposition: a shell that started this suite in the background left SIGINT
-    # ignored, and a child inherits that (Python then never raises KeyboardInterrupt)
+    # SIGINT's disposition set explicitly: a shell that started this suite in the background
+    # left it ignored, and a child inherits that (Python then never raises KeyboardInterrupt)
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))  # fmt: skip
 
     def finished() -> dict[str, int]:
         storage = f"sqlite:///{db}"
@@ -268,7 +275,7 @@ def test_ctrl_c_stops_studies_in_processes_at_once(learning_val, tmp_path):
     while len(finished()) < 2 or min(finished().values()) < 2:  # both studies under way
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
         time.sleep(1)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     stopped = time.monotonic()
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130 and "run the same command again to resume" in err
