@@ -107,12 +107,16 @@ def _study(protocol: str) -> dict:
     return study_cost(REFERENCE / "tuning" / protocol / "studies.db")
 
 
+def _studied(protocol: str) -> bool:
+    """Whether `protocol` has a committed study (its Optuna storage)."""
+    return (REFERENCE / "tuning" / protocol / "studies.db").is_file()
+
+
 def _tuned_photos() -> tuple[str, ...]:
     """The real-photo protocols with a committed study and tuned sweep, in the order they
     landed (the order the pages list them in)."""
     landed = ("cars", "groceries", "birds", "plankton", "pollen", "objects", "flowers")
-    return tuple(p for p in landed if (REFERENCE / "tuning" / p / "studies.db").is_file()
-                 and _runs(p, tuned=True))  # fmt: skip
+    return tuple(p for p in landed if _studied(p) and _runs(p, tuned=True))
 
 
 def _trials(protocol: str) -> int:
@@ -206,7 +210,7 @@ def test_the_readme_says_how_long_reproducing_the_headline_takes():
     total, parts = 0.0, []
     for protocol in loop.group(1).split():
         hours = [_minutes(_runs(protocol)) / 60]
-        if (REFERENCE / "tuning" / protocol / "studies.db").is_file():
+        if _studied(protocol):
             hours.append(_study(protocol)["wall_seconds"] / 3600)
         if _runs(protocol, tuned=True):
             hours.append(_minutes(_runs(protocol, tuned=True)) / 60)
