@@ -32,6 +32,7 @@ from harness.core import (
     HarnessError,
     init_from_env,
     launched,
+    leave,
     load_methods,
     load_protocol,
     program_name,
@@ -138,13 +139,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("\ninterrupted: finished runs and the last epoch checkpoint are saved; run the "
               "same command again to resume", file=sys.stderr)  # fmt: skip
         return 143 if isinstance(exc, Terminated) else 130  # 128 + SIGTERM, 128 + SIGINT
-    if here.active:
-        # leave together: a rank that tore its group down while rank 0 still evaluated and
-        # wrote was seen to abort ("terminate called without an active exception") under load
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        if not here.is_main:  # rank 0 reports and writes the leaderboard
-            return _sweep_status(counts)
+    if here.active:  # ranks other than 0 end here; rank 0 reports and writes the leaderboard
+        leave(here, _sweep_status(counts))
     # every run may have crashed before writing a first result: then there is no leaderboard
     path = write_leaderboard(Path(args.results_dir)) if result_paths(args.results_dir) else None
     print(f"runs: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; leaderboard: "

@@ -16,6 +16,7 @@ from harness.core.dist import (
     current,
     init_from_env,
     launched,
+    leave,
 )
 from harness.core.errors import HarnessError, TrainingFailed, program_name
 from harness.core.method import (
@@ -164,6 +165,7 @@ __all__ = [
     "is_single_metric",
     "keyword_names",
     "launched",
+    "leave",
     "load_methods",
     "describe_source",
     "ENTRY_POINT_GROUP",

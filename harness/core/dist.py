@@ -73,3 +73,24 @@ def current() -> Dist:
         return SINGLE
     return Dist(dist.get_rank(), dist.get_world_size(), dist.get_backend(),
                 int(os.environ.get("LOCAL_RANK", "0")))  # fmt: skip
+
+
+def leave(here: Dist, status: int) -> None:
+    """End this process's part in a torchrun launch: every rank waits for the others (rank 0
+    may still be evaluating and writing), the process group is torn down, and a rank other
+    than 0, which has nothing left to write, exits at once with `status`.
+
+    Why at once: a rank that went on to the interpreter's normal teardown was seen to abort
+    there now and then ("terminate called without an active exception", SIGABRT) after its
+    work was done and the group destroyed, which failed the whole launch. Rank 0 returns and
+    reports as usual."""
+    dist.barrier()
+    dist.destroy_process_group()
+    if not here.is_main:
+        import logging
+        import sys
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)

@@ -25,7 +25,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.core import HarnessError, init_from_env, load_methods, load_protocol, resolve_device
+from harness.core import (
+    HarnessError,
+    init_from_env,
+    leave,
+    load_methods,
+    load_protocol,
+    resolve_device,
+)
 from harness.cost.measure import _setup
 from harness.cost.records import COST_SCHEMA
 from harness.cost.throughput import WARMUP_STEPS, cost_context, measure_throughput, random_init
@@ -162,8 +169,7 @@ def _rank(argv: list[str]) -> None:
                "images_per_second_per_rank": round(ips / here.world_size, 2),
                "step_ms": measured["step_ms"], "mining_loss_share": measured["mining_loss_share"]}  # fmt: skip
         Path(args.out).write_text(json.dumps(row))
-    torch.distributed.barrier()  # leave together (see harness.cli.run)
-    torch.distributed.destroy_process_group()
+    leave(here, 0)
 
 
 if __name__ == "__main__":
