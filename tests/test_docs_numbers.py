@@ -180,17 +180,19 @@ def test_the_calibration_table_protocols_quotes_is_the_committed_records():
     that ran, the chosen candidate's mean over the reference methods, its gain and its
     estimated sweep."""
     page = Page("docs/protocols.md")
-    rows = re.findall(r"\| `(\w+)` \((\d+)(?: candidates)?\) \| [^|]+ \| ([\d.]+) \| \+([\d.]+) \| "
+    rows = re.findall(r"\| `(\w+)` \((\d+)(?: candidates)?\) \| [^|]+ \| ([\d.]+) \| ([+−][\d.]+) \| "
                       r"(\d+) min \|", page.text)  # fmt: skip
-    assert {r[0] for r in rows} >= {"cars_v2", "groceries_v2", "birds_v3", "plankton"}, rows
+    assert {r[0] for r in rows} >= {"cars_v2", "groceries_v2", "birds_v3", "plankton", "pollen",
+                                    "objects"}, rows  # fmt: skip
     for name, ran, mean, gain, minutes in rows:
         record = json.loads((REFERENCE / "calibration" / f"{name}.json").read_text())
         choice = record["choice"]
         chosen = next(c for c in choice["candidates"] if c["candidate"] == choice["chosen"])
         want = (str(len(record["runs"])), f"{100 * chosen['mean_map@r']:.2f}",
-                f"{100 * chosen['gain_over_zero_shot']:.2f}", f"{chosen['sweep_minutes']:.0f}")  # fmt: skip
+                f"{100 * chosen['gain_over_zero_shot']:+.2f}".replace("-", "−"),
+                f"{chosen['sweep_minutes']:.0f}")  # fmt: skip
         assert (ran, mean, gain, minutes) == want, (
-            f"{page.where(f'`{name}` (')}: `{name}` reads {ran}, {mean}, +{gain}, {minutes} min; its "
+            f"{page.where(f'`{name}` (')}: `{name}` reads {ran}, {mean}, {gain}, {minutes} min; its "
             f"record gives {', '.join(want)}")  # fmt: skip
 
 
