@@ -44,7 +44,7 @@ class PhotoZip:
     read."""
 
     name: str
-    coarse: Callable[[str], str]  # class name -> its coarse class
+    coarse: Callable[[str], str] | None  # class name -> its coarse class; None: no second level
 
 
 @cache
@@ -68,9 +68,10 @@ GROCERIES = PhotoZip("grocery_store_mini", lambda cls: _grocery_coarse().get(cls
 PLANKTON = PhotoZip("plankton", lambda cls: cls.split("_", 1)[0])
 # the pollen's coarse class: its genus, the first word of its type (`mimosa`, `myrcia`, ...)
 POLLEN = PhotoZip("pollen", lambda cls: cls.replace(" ", "_").split("_", 1)[0].lower())
-# Caltech-101 and Flowers-102 name no second level: each class is its own coarse class
-CALTECH = PhotoZip("caltech101", lambda cls: cls)
-FLOWERS = PhotoZip("flowers", lambda cls: cls)
+# Caltech-101 and Flowers-102 name no second level: no coarse labels, so a method that needs
+# them (quadruplet selection) is recorded as not applicable at once, as on any such dataset
+CALTECH = PhotoZip("caltech101", None)
+FLOWERS = PhotoZip("flowers", None)
 
 
 def _decode(data: bytes, where: str, size: int) -> np.ndarray:
@@ -78,6 +79,21 @@ def _decode(data: bytes, where: str, size: int) -> np.ndarray:
 
     rgb = open_photo(data, where).resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
+
+
+def _coarse(
+    spec: PhotoZip, class_names: list[str], labels: np.ndarray
+) -> tuple[np.ndarray | None, list[str] | None]:
+    """Each photo's coarse id and the coarse names (None, None for a set with no second level)."""
+    if spec.coarse is None:
+        return None, None
+    kinds = [spec.coarse(c) for c in class_names]
+    if not all(kinds):
+        missing = [c for c, k in zip(class_names, kinds, strict=False) if not k][:3]
+        raise HarnessError(f"{spec.name}: no coarse class for {missing}")
+    coarse_names = sorted(set(kinds))
+    coarse_of = np.array([coarse_names.index(k) for k in kinds], dtype=np.int64)
+    return coarse_of[labels], coarse_names
 
 
 def read(spec: PhotoZip, data_root: Path | None, size: int = SIZE) -> LabelledImages:
@@ -93,17 +109,12 @@ def read(spec: PhotoZip, data_root: Path | None, size: int = SIZE) -> LabelledIm
             images[row] = _decode(archive.read(member), f"{path}:{member}", size)
     order = {c: n for n, c in enumerate(class_names)}
     labels = np.array([order[m[len(prefix) :].split("/", 1)[0]] for m in members], np.int64)
-    kinds = [spec.coarse(c) for c in class_names]
-    if not all(kinds):
-        missing = [c for c, k in zip(class_names, kinds, strict=False) if not k][:3]
-        raise HarnessError(f"{spec.name}: no coarse class for {missing}")
-    coarse_names = sorted(set(kinds))
-    coarse_of = np.array([coarse_names.index(k) for k in kinds], dtype=np.int64)
+    coarse_labels, coarse_names = _coarse(spec, class_names, labels)
     return LabelledImages(
         images=torch.from_numpy(images),
         labels=labels,
         class_names=class_names,
-        coarse_labels=coarse_of[labels],
+        coarse_labels=coarse_labels,
         coarse_names=coarse_names,
         files=tuple(members),  # inside the archive
         source=f"{spec.name} from {path} ({len(class_names)} classes, {len(members)} photos, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 
 from harness.core import METHODS, load_methods
@@ -57,6 +58,14 @@ def completeness(runs: list[RunResult]) -> tuple[int, int, list[int]]:
     return len(finished & asked) if asked else len(finished), len(asked), sorted(asked - finished)
 
 
+def not_applicable(runs: list[RunResult]) -> str | None:
+    """Why a method cannot run on the protocol (e.g. it needs coarse labels the dataset lacks),
+    when every one of its runs says so; None otherwise."""
+    if runs and all(r.status == "not_applicable" for r in runs):
+        return runs[0].failure or "not applicable"
+    return None
+
+
 def per_seed(runs: Iterable[RunResult], metric: str) -> dict[str, dict[int, float]]:
     """row name (see row_names) -> {seed: value} over the finished runs that report `metric`."""
     runs = list(runs)
@@ -66,6 +75,22 @@ def per_seed(runs: Iterable[RunResult], metric: str) -> dict[str, dict[int, floa
         if r.ok and metric in (r.metrics or {}):
             out.setdefault(names[id(r)], {})[r.seed] = float(r.metrics[metric])
     return out
+
+
+def row_means(runs: list[RunResult]) -> tuple[str, dict[str, float]]:
+    """The protocol's main metric and each row's mean over its finished seeds."""
+    metric = main_metric(runs)
+    values = per_seed(runs, metric)
+    return metric, {row: sum(v.values()) / len(v) for row, v in values.items() if v}
+
+
+def test_set_half_width(runs: Iterable[RunResult], metric: str) -> float | None:
+    """The mean over seeds of the half-width of each run's bootstrap interval over test
+    queries on `metric` (how much the test set alone moves it); None when no run has one."""
+    halves = [(hi - lo) / 2 for r in runs if r.ok and r.bootstrap
+              for lo, hi in [r.bootstrap.get("intervals", {}).get(metric, (math.nan,) * 2)]
+              if not math.isnan(lo)]  # fmt: skip
+    return sum(halves) / len(halves) if halves else None
 
 
 def main_metric(runs: list[RunResult]) -> str:

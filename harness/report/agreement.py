@@ -18,18 +18,11 @@ from itertools import combinations
 import pandas as pd
 from tabulate import tabulate
 
-from harness.records import RunResult, main_metric, per_seed, protocol_groups
+from harness.records import RunResult, protocol_groups, row_means
 from harness.stats import kendall
 
 MIN_SHARED = 5  # fewer methods in common: a tau means little
 MOVES_SHOWN = 3
-
-
-def _means(runs: list[RunResult]) -> tuple[str, dict[str, float]]:
-    """The protocol's main metric and each row's mean over its finished seeds."""
-    metric = main_metric(runs)
-    values = per_seed(runs, metric)
-    return metric, {row: sum(v.values()) / len(v) for row, v in values.items() if v}
 
 
 def _ranks(means: dict[str, float], rows: list[str]) -> dict[str, int]:
@@ -39,7 +32,7 @@ def _ranks(means: dict[str, float], rows: list[str]) -> dict[str, int]:
 
 def agreement_rows(groups: dict[str, list[RunResult]]) -> list[dict[str, str]]:
     """One row per pair of protocols (by name) sharing at least MIN_SHARED methods."""
-    means = {name: _means(runs) for name, runs in groups.items()}
+    means = {name: row_means(runs) for name, runs in groups.items()}
     rows = []
     for a, b in combinations(sorted(means), 2):
         (metric_a, ma), (metric_b, mb) = means[a], means[b]

@@ -15,7 +15,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from harness.report.figures import _figure, _save
-from harness.report.ranks import SETTING_STEMS
+from harness.report.ranks import SETTING_STEMS, missing
 from harness.stats import (
     ALL,
     DECISIVE,
@@ -50,12 +50,11 @@ def _seeds(a: Across) -> str:
 
 
 def _left_out(a: Across) -> str:
-    """` Left out for fewer than 2 shared seeds: X on cars.`, or nothing."""
-    left = a.left_out()
-    if not left:
-        return ""
+    """` Left out for fewer than 2 shared seeds: X on cars.`, then ` Not compared, ...`."""
+    left, rest = a.left_out(), missing(a.unranked, "compared")
     named = "; ".join(f"{m} on {', '.join(p)}" for m, p in left.items())
-    return f" Left out of a comparison for fewer than 2 seeds shared with {a.reference}: {named}."
+    return (f" Left out of a comparison for fewer than 2 seeds shared with {a.reference}: "
+            f"{named}.{rest}" if left else rest)  # fmt: skip
 
 
 def _model_sentence() -> str:

@@ -59,6 +59,12 @@ def _named(pairs: list[tuple[str, str]], most: int = 4) -> str:
     return " (" + ", ".join(f"{a} over {b}" for a, b in pairs) + ")"
 
 
+def missing(unranked: dict[str, list[str]], verb: str) -> str:
+    """` Not <verb>, for want of a run on every protocol: Q (none on p3).`, or nothing."""
+    named = ", ".join(f"{m} (none on {', '.join(bs)})" for m, bs in unranked.items())
+    return f" Not {verb}, for want of a run on every protocol: {named}." if named else ""
+
+
 def caption(test: RankTest) -> str:
     """What the critical-difference diagram shows and by which tests, in one paragraph."""
     k, n = len(test.ranks), len(test.blocks)
@@ -74,6 +80,7 @@ def caption(test: RankTest) -> str:
             f"the CD shrinks as 1 / sqrt(protocols): ranks 5 apart would need "
             f"{_protocols(blocks_to_resolve(test, 5.0))}, 10 apart "
             f"{_protocols(blocks_to_resolve(test, 10.0))}.")  # fmt: skip
+    text += missing(test.unranked, "ranked")
     if test.left_out:
         text += " Left out (too few methods in common): " + ", ".join(
             f"{b.name} ({len(b.means)} methods)" for b in test.left_out) + "."  # fmt: skip

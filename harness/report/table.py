@@ -18,8 +18,10 @@ from harness.records import (
     RunResult,
     completeness,
     main_metric,
+    not_applicable,
     per_seed,
     row_names,
+    test_set_half_width,
     zero_shot_row,
 )
 from harness.report.verdicts import against, against_best, within, zero_shot_label
@@ -44,14 +46,6 @@ def _mean_std(values: pd.Series, scale: float, digits: int) -> str:
     if math.isnan(half):
         return f"{mean * scale:.{digits}f}"
     return f"{mean * scale:.{digits}f} ± {half * scale:.{digits}f}"
-
-
-def _test_set_spread(runs: list[RunResult], metric: str) -> str:
-    """Mean over seeds of the half-width of the bootstrap interval over test queries."""
-    halves = [(hi - lo) / 2 for r in runs if r.ok and r.bootstrap
-              for lo, hi in [r.bootstrap.get("intervals", {}).get(metric, (math.nan,) * 2)]
-              if not math.isnan(lo)]  # fmt: skip
-    return f"± {100 * sum(halves) / len(halves):.1f}" if halves else "-"
 
 
 def _row(r: RunResult, name: str, metrics: dict[str, float]) -> dict[str, Any]:
@@ -109,6 +103,9 @@ def leaderboard_frame(
         values, best = _mark_against_best(out, runs, main)
         _mark_equivalence(out, runs, values, best)
         _mark_against_zero_shot(out, runs, main)
+    for line in out:  # a method that cannot run on the protocol is no incomplete row
+        if line.pop("_na"):
+            line.update({k: "n/a" for k, v in line.items() if v == "incomplete: untested"})
     if ranked:  # complete rows first, each part best first (stable: ties keep their order)
         out.sort(key=lambda line: (not line["_complete"], -_finite(line["_sort"])))
     table = pd.DataFrame(out).drop(columns=["_sort", "_complete"])
@@ -165,10 +162,14 @@ def _line(
         notes.append(f"not finished: seed{'s' if len(missing) > 1 else ''} "
                      f"{', '.join(map(str, missing))}")  # fmt: skip
     line["notes"] = "; ".join(notes)
+    if why := not_applicable(runs):  # no seed can run: one note, `n/a` for "incomplete"
+        line.update(seeds="n/a", notes=f"not applicable: {why}")
+    line["_na"] = bool(why)
     sort_metric = metrics[0] if metrics else None
     line["_sort"] = ok[sort_metric].mean() if sort_metric and not ok.empty else -1.0
     if sort_metric:
-        line[f"test-set ± ({sort_metric})"] = _test_set_spread(runs, sort_metric)
+        half = test_set_half_width(runs, sort_metric)
+        line[f"test-set ± ({sort_metric})"] = "-" if half is None else f"± {100 * half:.1f}"
     line["_complete"] = not missing
     return line
 

@@ -17,7 +17,7 @@ from harness.stats.bayes import DEFAULT_ROPE, ROPES, SCALE, Probs, signed_rank_p
 from harness.stats.blocks import by_setting, main_blocks
 from harness.stats.hierarchical import NotConverged, Posterior, check_rope
 from harness.stats.posteriors import PosteriorCache
-from harness.stats.ranks import MIN_METHODS, Block, average_ranks, shared_blocks
+from harness.stats.ranks import MIN_METHODS, Block, average_ranks, missing_from, shared_blocks
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class Across:
     signed_rank: dict[str, Probs] = field(default_factory=dict)
     posteriors: dict[str, Posterior] = field(default_factory=dict)
     gaps: dict[str, dict[str, float]] = field(default_factory=dict)
+    unranked: dict[str, list[str]] = field(default_factory=dict)  # methods not on every block
 
     def equivalent(self) -> list[str]:
         """The methods practically equivalent to the reference with P >= DECISIVE."""
@@ -169,7 +170,7 @@ def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None =
     gaps = {m: {b: float(table.loc[b, m] - table.loc[b, reference]) for b in table.index}
             for m in shared if m != reference}  # fmt: skip
     return Across(label, [b.name for b in kept], seeds, reference, rope, sensitivity[rope],
-                  sensitivity, signed, posteriors, gaps)  # fmt: skip
+                  sensitivity, signed, posteriors, gaps, missing_from(kept, shared))  # fmt: skip
 
 
 def comparisons(blocks: list[Block], cache: PosteriorCache | None = None) -> list[Across]:

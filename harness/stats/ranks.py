@@ -66,6 +66,13 @@ def shared_blocks(blocks: list[Block]) -> tuple[list[Block], list[str], list[Blo
         left_out.append(smallest)
 
 
+def missing_from(kept: list[Block], shared: list[str]) -> dict[str, list[str]]:
+    """Each method some kept block ran but not all (not `shared`), with the blocks that lack
+    it: a method that cannot run on a dataset (say, without coarse labels) is named, not lost."""
+    return {m: [b.name for b in kept if m not in b.means]
+            for m in sorted({m for b in kept for m in b.means} - set(shared))}  # fmt: skip
+
+
 def average_ranks(table: pd.DataFrame) -> pd.Series:
     """Each method's (column's) rank averaged over the blocks (rows): rank 1 is the highest
     value of a block, tied values share their mean rank (Demšar's convention)."""
@@ -90,7 +97,8 @@ def critical_difference(methods: int, blocks: int, alpha: float = ALPHA) -> floa
 class RankTest:
     """The critical-difference diagram's numbers: the blocks × methods table of means, the
     average ranks, Friedman's chi-square and p, Nemenyi's CD and pairwise p-values, and the
-    blocks left out for lack of shared methods."""
+    blocks left out for lack of shared methods, and the methods left out because some kept
+    block lacks them (each with those blocks: a method that cannot run on a dataset)."""
 
     table: pd.DataFrame
     ranks: pd.Series
@@ -99,6 +107,7 @@ class RankTest:
     cd: float
     pairwise: pd.DataFrame
     left_out: list[Block]
+    unranked: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def blocks(self) -> list[str]:
@@ -129,7 +138,8 @@ def rank_test(blocks: list[Block]) -> RankTest | None:
     pairwise = scikit_posthocs.posthoc_nemenyi_friedman(table.to_numpy())
     pairwise.index = pairwise.columns = shared
     return RankTest(table, average_ranks(table), float(chi_square), float(p),
-                    critical_difference(len(shared), len(kept)), pairwise, left_out)  # fmt: skip
+                    critical_difference(len(shared), len(kept)), pairwise, left_out,
+                    missing_from(kept, shared))  # fmt: skip
 
 
 def blocks_to_resolve(test: RankTest, gap: float) -> int:

@@ -93,8 +93,9 @@ Writer = Callable[..., None]
 def _stop(
     record: RunResult, path: Path, status: str, failure: str, write: Writer = write_run
 ) -> tuple[str, Path]:
-    """Write a run that ends without metrics (failed, not applicable) and say so."""
-    record.status, record.failure = status, failure
+    """Write a run that ends without metrics (failed, not applicable) and say so, with when
+    it ended (its time counts in a sweep's, as a finished run's does)."""
+    record.status, record.failure, record.finished_at = status, failure, _now()
     write(path, record)
     return status, path
 

@@ -283,6 +283,24 @@ def test_a_failed_seed_makes_a_row_incomplete_and_old_files_ask_for_the_protocol
     assert "seed 1: failed" in lines[1]
 
 
+def test_a_method_that_cannot_run_on_the_protocol_is_n_a_not_incomplete():
+    """A method that needs coarse labels on a dataset without them: every seed is recorded
+    not applicable; its row says `n/a` and why, once, below the methods that ran, and is
+    neither incomplete nor tested. A method with one failed seed stays incomplete."""
+    content = {"protocol": {"name": "p", "version": 1, "hash": "h1", "content": {"seeds": [0, 1]}}}
+    why = "quadruplet needs coarse labels; caltech101 has none"
+    runs = [run("a", s, 0.9, **content) for s in (0, 1)]
+    runs += [run("b", 0, 0.5, **content), run("b", 1, 0, status="failed", **content)]
+    runs += [run("quad", s, 0, status="not_applicable", **content) | {"failure": why}
+             for s in (0, 1)]  # fmt: skip
+    lines = [line for line in render(runs).splitlines() if line.startswith("| ")][1:]
+    assert [line.split("|")[1].strip() for line in lines] == ["a", "b", "quad"]
+    cells = [c.strip() for c in lines[2].split("|")[2:-1]]
+    assert cells[0] == "n/a" and cells[-1] == f"not applicable: {why}"
+    assert "incomplete" not in lines[2] and "n/a" in cells[1]
+    assert "1/2 (incomplete)" in lines[1] and "n/a" not in lines[1]
+
+
 def test_parts_table_is_labelled_without_naming_a_method():
     parts = {"metrics_by_part": {"head1": {"recall@1": 0.4}, "head2": {"recall@1": 0.6}}}
     text = render([run("composite", 0, 0.7, **parts)])

@@ -177,6 +177,21 @@ def test_across_protocols_names_the_reference_the_equivalent_and_the_fragile(can
     assert "-0.80 [-0.90, -0.70]" in text  # the stand-in's shrunk means, in their table
 
 
+def test_a_method_missing_from_one_protocol_is_not_compared_and_named(canned):
+    """Q ran on p0-p2 but cannot run on p3 (a dataset without what it needs): the
+    comparison keeps the 4 protocols and the methods all of them ran, and its caption names
+    Q and where it is missing, rather than dropping it silently."""
+    blocks = _blocks()
+    for b in blocks[:3]:
+        b.values["Q"] = {s: v - 0.2 for s, v in b.values["A"].items()}
+        b.means["Q"] = b.means["A"] - 0.2
+    a = across(blocks)
+    assert a.blocks == ["p0", "p1", "p2", "p3"] and sorted(a.probs) == ["B", "C"]
+    assert a.unranked == {"Q": ["p3"]}
+    assert "Not compared, for want of a run on every protocol: Q (none on p3)." in caption(a)
+    assert "Not compared" not in caption(across(_blocks()))
+
+
 def test_the_methods_on_one_side_of_the_rope_everywhere_are_counted_and_the_open_named(canned):
     """A method whose mean difference from the reference lies in one region of the ROPE on
     every protocol is a comparison the model is expected to decide: B (-0.8 everywhere:
