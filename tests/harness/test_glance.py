@@ -42,7 +42,7 @@ from harness.stats import (
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
 # the committed real-photo protocols, oldest first (the order the blocks take)
-PHOTOS = ("cars", "groceries", "birds", "plankton", "pollen")
+PHOTOS = ("cars", "groceries", "birds", "plankton", "pollen", "objects")
 
 
 def first_screen(readme: str) -> str:
@@ -114,6 +114,17 @@ def test_a_protocol_with_too_few_shared_methods_is_left_out_and_named():
     assert [b.name for b in kept] == ["p1", "p2", "p3"] and shared == ["A", "B", "C", "D"]
     assert [b.name for b in left_out] == ["tiny"]
     assert "Left out (too few methods in common): tiny (2 methods)." in caption(rank_test(blocks))
+
+
+def test_a_method_missing_from_a_kept_protocol_is_not_ranked_and_named():
+    """Q cannot run on p3 (a dataset without what it needs): the ranks are over the 4
+    methods every protocol ran, and the caption says which method is missing where."""
+    full = {"A": 0.5, "B": 0.4, "C": 0.3, "D": 0.2}
+    blocks = _blocks({"p1": full | {"Q": 0.6}, "p2": full | {"Q": 0.1}, "p3": dict(full)})
+    test = rank_test(blocks)
+    assert list(test.ranks.index) == ["A", "B", "C", "D"] and test.unranked == {"Q": ["p3"]}
+    assert "Not ranked, for want of a run on every protocol: Q (none on p3)." in caption(test)
+    assert "Not ranked" not in caption(rank_test(_blocks({"p1": full, "p2": full})))
 
 
 def test_one_protocol_gives_no_diagram():
@@ -403,6 +414,8 @@ def test_the_readme_shows_the_committed_glance(committed):
         assert f"over the {n} {setting.split()[0]}" in text, setting
         assert f"critical difference is {test.cd:.1f} ranks" in text
         assert f"{len(resolved)} of {k * (k - 1) // 2} pairs" in text
+        if setting == PRETRAINED:  # the diagram's alt text counts the same protocols
+            assert f"average rank of {k} methods over the {n} tuned real-photo" in first
     cars = forest(committed["cars"], "cars")
     tied = sum(r.mark.startswith("≈") for r in cars.rows)
     shaded = f"the {tied} shaded method{'' if tied == 1 else 's'}"

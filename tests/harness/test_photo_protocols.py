@@ -430,7 +430,7 @@ def test_the_neighbour_search_walks_on_from_a_middle_that_is_over_the_budget():
     [("cars", "cars_v2", "cars", 1), ("groceries", "groceries_v2", "groceries", 1),
      ("birds", "birds_v3", "birds", 2), ("photos", "cars_v2", "cars", 1),
      ("plankton", "plankton", "plankton", 1), ("pollen", "pollen", "pollen", 1),
-     ("objects", "objects", "objects", 1)],
+     ("objects", "objects", "objects", 1), ("flowers", "flowers", "flowers", 1)],
 )  # fmt: skip
 def test_each_committed_protocol_holds_its_calibrations_choice(name, calibration, base, version):
     record = json.loads(
