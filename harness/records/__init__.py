@@ -37,6 +37,7 @@ from harness.records.results import (
 )
 from harness.records.rows import (
     TUNED,
+    bootstrap_half_width,
     completeness,
     full_budget,
     hyperparameter_id,
@@ -48,7 +49,6 @@ from harness.records.rows import (
     row_means,
     row_name,
     row_names,
-    test_set_half_width,
     tuned_values,
     tuned_view,
     untrained_row,
@@ -78,7 +78,7 @@ __all__ = [
     "row_name",
     "row_means",
     "row_names",
-    "test_set_half_width",
+    "bootstrap_half_width",
     "tuned_values",
     "tuned_view",
     "untrained_row",

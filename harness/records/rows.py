@@ -84,7 +84,7 @@ def row_means(runs: list[RunResult]) -> tuple[str, dict[str, float]]:
     return metric, {row: sum(v.values()) / len(v) for row, v in values.items() if v}
 
 
-def test_set_half_width(runs: Iterable[RunResult], metric: str) -> float | None:
+def bootstrap_half_width(runs: Iterable[RunResult], metric: str) -> float | None:
     """The mean over seeds of the half-width of each run's bootstrap interval over test
     queries on `metric` (how much the test set alone moves it); None when no run has one."""
     halves = [(hi - lo) / 2 for r in runs if r.ok and r.bootstrap

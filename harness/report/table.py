@@ -16,12 +16,12 @@ from tabulate import tabulate
 from harness.core import UNBOUNDED_METRICS
 from harness.records import (
     RunResult,
+    bootstrap_half_width,
     completeness,
     main_metric,
     not_applicable,
     per_seed,
     row_names,
-    test_set_half_width,
     zero_shot_row,
 )
 from harness.report.verdicts import against, against_best, within, zero_shot_label
@@ -168,7 +168,7 @@ def _line(
     sort_metric = metrics[0] if metrics else None
     line["_sort"] = ok[sort_metric].mean() if sort_metric and not ok.empty else -1.0
     if sort_metric:
-        half = test_set_half_width(runs, sort_metric)
+        half = bootstrap_half_width(runs, sort_metric)
         line[f"test-set ± ({sort_metric})"] = "-" if half is None else f"± {100 * half:.1f}"
     line["_complete"] = not missing
     return line
