@@ -39,7 +39,7 @@ from harness.core import (
     resolve_device,
 )
 from harness.records import reference_dir, result_paths, tracking_config
-from harness.sweep import RunSpec, plan, sweep, sweep_ray
+from harness.sweep import RunSpec, not_applicable_on, plan, sweep, sweep_ray
 from harness.train import check_compile
 
 log = logging.getLogger("harness")
@@ -171,6 +171,10 @@ def _plan(args: argparse.Namespace) -> list[RunSpec]:
         names = [m for m in names if m not in untunable]  # stand for it in the tuned table
         for name in untunable:
             print(f"{name}: no search space, no tuned run (its paper-default runs stand for it)")
+        skipped = not_applicable_on(protocol, [m for m in names if m in METHODS], args.data_root)
+        names = [m for m in names if m not in skipped]  # `tune` left it out
+        for why in skipped.values():
+            print(f"{why}: not applicable, no tuned run")
     specs = plan(
         protocol, names, args.seeds, data_root=args.data_root, device=args.device,
         max_steps=args.max_steps, results_dir=args.results_dir, force=args.force,

@@ -4,10 +4,12 @@
 before any run), `policy` decides whether a run is due (skip a finished one, lock, archive a
 different one), `execute` trains, evaluates and writes one run (`record` builds its result),
 `engines` runs a sweep here (one after another, or in pinned worker processes) and `ray` as
-Ray tasks; `tuned` reads the configurations `harness tune` stored; `identity` names a run's
+Ray tasks; `tuned` reads the configurations `harness tune` stored; `applicable` says which methods
+cannot run on a protocol's data at all; `identity` names a run's
 weights file and checkpoint.
 """
 
+from harness.sweep.applicable import not_applicable_on, why_not_applicable
 from harness.sweep.engines import ENGINES, sweep_pinned
 from harness.sweep.identity import checkpoint_identity, hashed_weights, refuse_to_replace
 from harness.sweep.policy import checkpoint_path, decide
@@ -19,6 +21,7 @@ from harness.sweep.spec import TUNED_SUFFIX, RunSpec, plan, resolve, resolve_all
 from harness.sweep.tuned import load_overlay, overlay_path, read_tuning_file, tuning_dir
 
 __all__ = [
+    "why_not_applicable",
     "ENGINES",
     "TASK_RETRIES",
     "TUNED_SUFFIX",
@@ -36,6 +39,7 @@ __all__ = [
     "import_ray",
     "load_overlay",
     "new_result",
+    "not_applicable_on",
     "overlay_path",
     "plan",
     "record_outcome",

@@ -20,6 +20,7 @@ import numpy as np
 from harness.core import METHODS, HarnessError
 from harness.data import Split, decoded_by, on_device, prepare_data
 from harness.deploy.model import write_model
+from harness.sweep.applicable import why_not_applicable
 from harness.sweep.record import _describe_run, new_result
 from harness.sweep.runner import kept_model
 from harness.sweep.spec import RunSpec, resolve, run_context
@@ -41,9 +42,8 @@ def fit_all_classes(spec: RunSpec, progress: bool = True) -> Path:
     ctx = run_context(spec, progress)
     protocol = ctx.protocol
     prepared = prepare_data(protocol, ctx.data_root)
-    if METHODS.get(spec.method).needs_coarse_labels and not prepared.data.has_coarse:
-        raise HarnessError(f"{spec.method} needs coarse labels; {protocol.dataset.name} has "
-                           "none: choose another method")  # fmt: skip
+    if why := why_not_applicable(spec.method, prepared.data, protocol.dataset.name):
+        raise HarnessError(f"{why}: choose another method")
     parts = prepared.split
     every = np.arange(len(prepared.data), dtype=np.int64)
     classes = sorted({*parts.train_classes, *parts.validation_classes, *parts.test_classes})

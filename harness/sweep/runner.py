@@ -37,6 +37,7 @@ from harness.evaluate import (
     neighbour_count,
 )
 from harness.records import RunResult, result_path
+from harness.sweep.applicable import why_not_applicable
 from harness.sweep.identity import checkpoint_identity
 from harness.sweep.policy import checkpoint_path, decide
 from harness.sweep.record import (
@@ -103,11 +104,10 @@ def execute_run(
     log.debug("%s seed %d: protocol %s v%d from %s (hash %s), hyperparameters %s, device %s",
               spec.method, spec.seed, ctx.protocol.name, ctx.protocol.version,
               ctx.protocol.path, ctx.protocol.hash, spec.hyperparameters, ctx.device)  # fmt: skip
-    if METHODS.get(spec.method).needs_coarse_labels and not data.has_coarse:
+    if why := why_not_applicable(spec.method, data, ctx.protocol.dataset.name):
         if not ctx.dist.is_main:
             return "not_applicable", path
-        return _stop(record, path, "not_applicable", f"{spec.method} needs coarse labels; "
-                     f"{ctx.protocol.dataset.name} has none", write)  # fmt: skip
+        return _stop(record, path, "not_applicable", why, write)
     with tracked(spec, ctx, record) as tracker:
         hooks = EpochHooks(on_epoch_end=on_epoch_end, on_epoch_stats=tracker.log_epoch)
         status = _train_and_write(spec, ctx, (data, split), record, path, hooks, write)

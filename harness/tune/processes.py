@@ -25,6 +25,7 @@ import signal
 from pathlib import Path
 
 from harness.core import load_methods, load_protocol
+from harness.sweep import not_applicable_on
 from harness.tune.options import TuneOptions
 from harness.tune.study import DEFAULT, checked, default_storage, tune_method, tuning_view
 
@@ -73,8 +74,13 @@ def tune(
     protocol_name: str, methods: list[str], trials: int, options: TuneOptions = DEFAULT
 ) -> dict[str, Path]:
     """Tune each method with the same number of trials, one study after another here, or
-    options.processes studies side by side; returns the overlay per method."""
+    options.processes studies side by side; returns the overlay per method. A method that
+    cannot run on the data (not_applicable_on) is left out, saying why."""
     protocol, runs_under = checked(protocol_name, methods, trials, options)
+    skipped = not_applicable_on(protocol, methods, options.data_root)
+    for why in skipped.values():  # every trial would fail at its first batch
+        print(f"{why}: not applicable, not tuned")
+    methods = [m for m in methods if m not in skipped]
     if options.processes > 1 and len(methods) > 1:
         storage = options.storage or default_storage(options.results_dir, protocol.name)
         return tune_in_processes(protocol_name, methods, trials,

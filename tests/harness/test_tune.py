@@ -1,6 +1,7 @@
 """`harness tune`: equal-budget Optuna studies on validation classes, resumable, never
 embedding the test split; `run --tuned` applies the overlay."""
 
+import dataclasses
 import json
 import signal
 from pathlib import Path
@@ -9,10 +10,12 @@ import pytest
 import torch
 import yaml
 
+import harness.data.prepare
 import harness.evaluate.score
 import harness.sweep
 import harness.train.fit
 import harness.tune.study
+import harness.tune.trial
 from harness.cli import main
 from harness.core import PROTOCOL_DIR, load_protocol
 from harness.data import prepare_data
@@ -281,3 +284,38 @@ def test_ctrl_c_stops_studies_in_processes_at_once(learning_val, tmp_path, dispo
     assert process.returncode == 130 and "run the same command again to resume" in err
     assert time.monotonic() - stopped < 60  # not the studies' 200 trials
     assert sorted(finished()) == ["contrastive", "triplet"]  # margin never started
+
+
+def test_tune_and_run_tuned_leave_out_a_method_the_data_cannot_serve(learning_val, tmp_path,
+                                                                     monkeypatch, capsys):  # fmt: skip
+    """On a dataset without coarse labels (as caltech101's and flowers'), a method that needs
+    them gets no study, whose every trial would fail at its first batch, and `run --tuned`
+    asks for none: both say why, and the other methods go on."""
+    real = harness.data.prepare.check_dataset
+
+    def without_coarse(protocol):
+        build = real(protocol)
+        return lambda *args, **kwargs: dataclasses.replace(
+            build(*args, **kwargs), coarse_labels=None, coarse_names=None
+        )
+
+    monkeypatch.setattr(harness.data.prepare, "check_dataset", without_coarse)
+    monkeypatch.setattr(harness.data.prepare, "_DATA_CACHE", {})
+    monkeypatch.setattr(harness.tune.trial, "_PREPARED", {})
+    results = tmp_path / "results"
+    both = "quadruplet_method1,contrastive"
+    assert main(["-q", "tune", "--protocol", learning_val, "--method", both, "--trials", "1",
+                 "--max-steps", "5", "--results-dir", str(results)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    why = "quadruplet_method1 needs coarse labels; glyphs has none: not applicable"
+    assert f"{why}, not tuned" in out and "contrastive: best" in out
+    studied = sorted(p.name for p in (results / "tuning/learning_val").glob("*.yaml"))
+    assert studied == ["contrastive.max_steps5.yaml"]
+
+    assert main(["-q", "run", "--protocol", learning_val, "--method", both, "--tuned",
+                 "--max-steps", "5", "--results-dir", str(results)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    why = "quadruplet_method1 needs coarse labels; glyphs has none: not applicable"
+    assert f"{why}, no tuned run" in out
+    runs = results / "runs/learning_val"
+    assert sorted(p.name for p in runs.iterdir()) == ["contrastive+tuned"]
