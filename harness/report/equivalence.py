@@ -45,16 +45,15 @@ def _over(a: Across) -> str:
     return f"all {n} protocols" if a.label == ALL else f"{n} protocols, {a.label}"
 
 
-def _seeds(a: Across) -> str:
-    return f"{a.seeds[0]}" if a.seeds[0] == a.seeds[1] else f"{a.seeds[0]} to {a.seeds[1]}"
-
-
 def _left_out(a: Across) -> str:
-    """` Left out for fewer than 2 shared seeds: X on cars.`, then ` Not compared, ...`."""
-    left, rest = a.left_out(), missing(a.unranked, "compared")
-    named = "; ".join(f"{m} on {', '.join(p)}" for m, p in left.items())
+    """` Left out for fewer than 2 shared seeds: X on cars.`, then the methods some protocols
+    lack: ` Compared over the protocols each ran on only: ...`, ` Not compared, ...`."""
+    over = {m: bs for m, bs in a.unranked.items() if m in a.signed_rank}  # on 2 protocols or more
+    rest = (missing(over, "Compared over the protocols each ran on only")
+            + missing({m: bs for m, bs in a.unranked.items() if m not in over}, "Not compared"))  # fmt: skip
+    named = "; ".join(f"{m} on {', '.join(p)}" for m, p in a.left_out().items())
     return (f" Left out of a comparison for fewer than 2 seeds shared with {a.reference}: "
-            f"{named}.{rest}" if left else rest)  # fmt: skip
+            f"{named}.{rest}" if named else rest)  # fmt: skip
 
 
 def _model_sentence() -> str:
@@ -68,11 +67,12 @@ def caption(a: Across) -> str:
     eq = a.equivalent()
     named = ", ".join(eq) if eq else "none"
     done, total = a.converged()
+    seeds = f"{a.seeds[0]}" if a.seeds[0] == a.seeds[1] else f"{a.seeds[0]} to {a.seeds[1]}"
     return (f"{a.label.capitalize()}: each method against {a.reference} (the best average "
             f"rank) on the main metric, ROPE ±{a.rope:g} points: P(worse by more than the "
             f"ROPE), P(within it) and P(better) for the next protocol's mean difference, by "
             f"{_model_sentence()} over every seed of {len(a.blocks)} protocols "
-            f"({', '.join(a.blocks)}; {_seeds(a)} seeds each); {done} of {total} comparisons "
+            f"({', '.join(a.blocks)}; {seeds} seeds each); {done} of {total} comparisons "
             f"converged (R-hat < {RHAT_MAX:g}, ESS > {ESS_MIN:g}). Practically equivalent to "
             f"{a.reference} with P ≥ {DECISIVE:g}: {named}.{_left_out(a)}")  # fmt: skip
 

@@ -59,10 +59,10 @@ def _named(pairs: list[tuple[str, str]], most: int = 4) -> str:
     return " (" + ", ".join(f"{a} over {b}" for a, b in pairs) + ")"
 
 
-def missing(unranked: dict[str, list[str]], verb: str) -> str:
-    """` Not <verb>, for want of a run on every protocol: Q (none on p3).`, or nothing."""
+def missing(unranked: dict[str, list[str]], verb: str = "Not ranked") -> str:
+    """` Not ranked, for want of a run on every protocol: Q (none on p3).`, or nothing."""
     named = ", ".join(f"{m} (none on {', '.join(bs)})" for m, bs in unranked.items())
-    return f" Not {verb}, for want of a run on every protocol: {named}." if named else ""
+    return f" {verb}, for want of a run on every protocol: {named}." if named else ""
 
 
 def caption(test: RankTest) -> str:
@@ -80,7 +80,7 @@ def caption(test: RankTest) -> str:
             f"the CD shrinks as 1 / sqrt(protocols): ranks 5 apart would need "
             f"{_protocols(blocks_to_resolve(test, 5.0))}, 10 apart "
             f"{_protocols(blocks_to_resolve(test, 10.0))}.")  # fmt: skip
-    text += missing(test.unranked, "ranked")
+    text += missing(test.unranked)
     if test.left_out:
         text += " Left out (too few methods in common): " + ", ".join(
             f"{b.name} ({len(b.means)} methods)" for b in test.left_out) + "."  # fmt: skip

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from harness.stats import hierarchical
 from harness.stats.bayes import DEFAULT_ROPE, ROPES, SCALE, Probs, signed_rank_probs
 from harness.stats.blocks import by_setting, main_blocks
@@ -32,7 +34,7 @@ class Across:
     probabilities against the reference by the hierarchical model at that ROPE (`probs`) and
     at each of ROPES (`sensitivity`), its posterior (`posteriors`: shrunk means, diagnostics,
     protocols left out), the signed-rank test's probabilities at the ROPE beside them, and
-    each method's mean difference from the reference on each protocol (`gaps`, points)."""
+    each method's mean difference from the reference on each protocol it ran (`gaps`, points)."""
 
     label: str
     blocks: list[str]
@@ -44,7 +46,8 @@ class Across:
     signed_rank: dict[str, Probs] = field(default_factory=dict)
     posteriors: dict[str, Posterior] = field(default_factory=dict)
     gaps: dict[str, dict[str, float]] = field(default_factory=dict)
-    unranked: dict[str, list[str]] = field(default_factory=dict)  # methods not on every block
+    # methods not on every block, with the blocks that lack them: compared over the others
+    unranked: dict[str, list[str]] = field(default_factory=dict)
 
     def equivalent(self) -> list[str]:
         """The methods practically equivalent to the reference with P >= DECISIVE."""
@@ -125,10 +128,11 @@ def _warn_once(message: str) -> None:
 def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None = None
            ) -> Across | None:  # fmt: skip
     """The comparison over the blocks' shared methods (as the critical-difference diagram
-    takes them); None with fewer than two blocks or MIN_METHODS shared methods. The ROPE is
-    the protocols' own when they all have one, else DEFAULT_ROPE. Each method's posterior
-    comes from `cache` (the results folder's file; by default this process's memory and the
-    committed reference's file) or is sampled."""
+    takes them; the reference is the best of them), and of each method that some blocks
+    lack over the blocks it ran on, at least two; None with fewer than two blocks or
+    MIN_METHODS shared methods. The ROPE is the protocols' own when they all have one, else
+    DEFAULT_ROPE. Each method's posterior comes from `cache` (the results folder's file; by
+    default this process's memory and the committed reference's file) or is sampled."""
     import pandas as pd
 
     kept, shared, _ = shared_blocks(blocks)
@@ -144,19 +148,23 @@ def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None =
     all_ropes = sorted({*ROPES, rope})
     cache = cache if cache is not None else PosteriorCache(None)
 
-    def seeds_of(method: str) -> dict[str, dict[int, float]]:
+    def seeds_of(method: str, on: list[Block]) -> dict[str, dict[int, float]]:
         # a block that holds its means only (no seed values) enters with its mean as one
         # seed: the model then sees the protocols' means, as the signed-rank test does
         return {b.name: {s: SCALE * v for s, v in b.values[method].items()}
-                if b.values.get(method) else {0: SCALE * b.means[method]} for b in kept}  # fmt: skip
+                if b.values.get(method) else {0: SCALE * b.means[method]} for b in on}  # fmt: skip
 
-    x = table[reference].to_numpy()
-    signed, posteriors = {}, {}
-    for m in shared:
-        if m == reference:
+    # a method some protocol lacks (one that cannot run on its data) is compared over the
+    # protocols it ran on, at least 2: the model's pairs need no complete blocks
+    ran = {m: [b for b in kept if m in b.means] for m in sorted({m for b in kept for m in b.means})}
+    signed, posteriors, gaps = {}, {}, {}
+    for m, on in ran.items():
+        if m == reference or len(on) < 2:
             continue
-        signed[m] = signed_rank_probs(x, table[m].to_numpy(), rope)
-        a, b = seeds_of(m), seeds_of(reference)
+        ours, theirs = (np.array([SCALE * b.means[r] for b in on]) for r in (reference, m))
+        signed[m] = signed_rank_probs(ours, theirs, rope)
+        gaps[m] = {b.name: float(t - o) for b, o, t in zip(on, ours, theirs, strict=True)}
+        a, b = seeds_of(m, on), seeds_of(reference, on)
         posterior = cache.get(f"{label}: {m} vs {reference}", a, b, all_ropes,
                               lambda a=a, b=b: hierarchical.compare(a, b, all_ropes))  # fmt: skip
         if posterior is not None:
@@ -167,8 +175,6 @@ def across(blocks: list[Block], label: str = ALL, cache: PosteriorCache | None =
                            "comparison; run more seeds of the two there")  # fmt: skip
     sensitivity = {r: {m: p.at(r) for m, p in posteriors.items()} for r in all_ropes}
     seeds = (min(b.seeds for b in kept), max(b.seeds for b in kept))
-    gaps = {m: {b: float(table.loc[b, m] - table.loc[b, reference]) for b in table.index}
-            for m in shared if m != reference}  # fmt: skip
     return Across(label, [b.name for b in kept], seeds, reference, rope, sensitivity[rope],
                   sensitivity, signed, posteriors, gaps, missing_from(kept, shared))  # fmt: skip
 

@@ -42,7 +42,7 @@ from harness.stats import (
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
 # the committed real-photo protocols, oldest first (the order the blocks take)
-PHOTOS = ("cars", "groceries", "birds", "plankton", "pollen", "objects")
+PHOTOS = ("cars", "groceries", "birds", "plankton", "pollen", "objects", "flowers")
 
 
 def first_screen(readme: str) -> str:

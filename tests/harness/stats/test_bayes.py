@@ -177,19 +177,30 @@ def test_across_protocols_names_the_reference_the_equivalent_and_the_fragile(can
     assert "-0.80 [-0.90, -0.70]" in text  # the stand-in's shrunk means, in their table
 
 
-def test_a_method_missing_from_one_protocol_is_not_compared_and_named(canned):
-    """Q ran on p0-p2 but cannot run on p3 (a dataset without what it needs): the
-    comparison keeps the 4 protocols and the methods all of them ran, and its caption names
-    Q and where it is missing, rather than dropping it silently."""
+def test_a_method_missing_from_a_protocol_is_compared_over_those_it_ran_on(canned):
+    """Q ran on p0-p2 but cannot run on p3 (a dataset without what it needs), R on p0 alone:
+    the rank test's blocks stay complete (the reference is the best of the methods all four
+    protocols ran), Q is compared with A over p0-p2, the model's pairs need no complete
+    blocks, and R, with one protocol, is not compared; the caption names both and where
+    they are missing, rather than dropping them silently."""
     blocks = _blocks()
     for b in blocks[:3]:
         b.values["Q"] = {s: v - 0.2 for s, v in b.values["A"].items()}
         b.means["Q"] = b.means["A"] - 0.2
+    blocks[0].values["R"] = {s: v + 0.05 for s, v in blocks[0].values["A"].items()}
+    blocks[0].means["R"] = blocks[0].means["A"] + 0.05  # better, yet not the reference
     a = across(blocks)
-    assert a.blocks == ["p0", "p1", "p2", "p3"] and sorted(a.probs) == ["B", "C"]
-    assert a.unranked == {"Q": ["p3"]}
-    assert "Not compared, for want of a run on every protocol: Q (none on p3)." in caption(a)
-    assert "Not compared" not in caption(across(_blocks()))
+    assert a.blocks == ["p0", "p1", "p2", "p3"] and a.reference == "A"
+    assert sorted(a.probs) == ["B", "C", "Q"]
+    assert a.unranked == {"Q": ["p3"], "R": ["p1", "p2", "p3"]}
+    assert a.gaps["Q"] == pytest.approx({"p0": -20.0, "p1": -20.0, "p2": -20.0})
+    assert [s.protocol for s in a.posteriors["Q"].shrunk] == ["p0", "p1", "p2"]
+    assert a.signed_rank["Q"].verdict() == "worse" and a.probs["Q"].verdict() == "worse"
+    assert ("Compared over the protocols each ran on only, for want of a run on every "
+            "protocol: Q (none on p3). Not compared, for want of a run on every protocol: R "
+            "(none on p1, p2, p3).") in caption(a)  # fmt: skip
+    whole = caption(across(_blocks()))
+    assert "Compared over" not in whole and "Not compared" not in whole
 
 
 def test_the_methods_on_one_side_of_the_rope_everywhere_are_counted_and_the_open_named(canned):
