@@ -4,9 +4,9 @@
 before any run), `policy` decides whether a run is due (skip a finished one, lock, archive a
 different one), `execute` trains, evaluates and writes one run (`record` builds its result),
 `engines` runs a sweep here (one after another, or in pinned worker processes) and `ray` as
-Ray tasks; `tuned` reads the configurations `harness tune` stored; `applicable` says which methods
-cannot run on a protocol's data at all; `identity` names a run's
-weights file and checkpoint.
+Ray tasks; `tuned` reads the configurations `harness tune` stored; `applicable` says which
+methods cannot run on a protocol's data at all; `identity` names a run's weights file and
+checkpoint.
 """
 
 from harness.sweep.applicable import not_applicable_on, why_not_applicable
@@ -21,7 +21,6 @@ from harness.sweep.spec import TUNED_SUFFIX, RunSpec, plan, resolve, resolve_all
 from harness.sweep.tuned import load_overlay, overlay_path, read_tuning_file, tuning_dir
 
 __all__ = [
-    "why_not_applicable",
     "ENGINES",
     "TASK_RETRIES",
     "TUNED_SUFFIX",
@@ -53,4 +52,5 @@ __all__ = [
     "sweep_ray",
     "read_tuning_file",
     "tuning_dir",
+    "why_not_applicable",
 ]
