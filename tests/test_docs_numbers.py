@@ -119,6 +119,20 @@ def _tuned_photos() -> tuple[str, ...]:
     return tuple(p for p in landed if _studied(p) and _runs(p, tuned=True))
 
 
+def _study_progress(protocol: str) -> tuple[int, int]:
+    """How many of the protocol's studies are finished (one configuration file each) and how
+    many there are to run: a method with a search space whose paper-default runs the data
+    could serve (a study resumes across sessions; one landed part way is said so)."""
+    from harness.core import METHODS
+
+    committed()  # the methods loaded
+    tuned = {p.stem for p in (REFERENCE / "tuning" / protocol).glob("*.yaml")}
+    runnable = {p.parent.name for p in (RUNS / protocol).glob("*/seed0.json")
+                if not p.parent.name.endswith("+tuned")
+                and json.loads(p.read_text()).get("status") != "not_applicable"}  # fmt: skip
+    return len(tuned), sum(1 for m in runnable if METHODS.get(m).search)
+
+
 def _trials(protocol: str) -> int:
     """The budget of the committed study of `protocol`: its tuned configurations' trials."""
     import yaml
@@ -201,7 +215,8 @@ def test_the_readme_says_how_long_reproducing_the_headline_takes():
     dataset the sentence under it gives the default sweep (its runs' time), the study (wall
     time with a trial running, as 2 processes) and the tuned sweep (its runs' time), each in
     hours as the committed records give them (a dataset not tuned yet: what has run, and says
-    what has not), and the budget the committed studies used."""
+    what has not; a study landed part way: how many of its methods are done), and the budget
+    the committed studies used."""
     from harness.records import pretrained
 
     _, groups = committed()
@@ -218,7 +233,11 @@ def test_the_readme_says_how_long_reproducing_the_headline_takes():
             hours.append(_minutes(_runs(protocol, tuned=True)) / 60)
         total += sum(hours)
         still = ["", " (its tuned sweep still to run)", " (its study and tuned sweep still to run)"]
-        parts.append(f"{protocol} " + " + ".join(f"{h:.1f}" for h in hours) + still[3 - len(hours)])
+        said = still[3 - len(hours)]
+        done, of = _study_progress(protocol) if len(hours) == 2 else (0, 0)
+        if done < of:  # a study landed part way
+            said = f" (its study so far: {done} of {of} methods; its tuned sweep still to run)"
+        parts.append(f"{protocol} " + " + ".join(f"{h:.1f}" for h in hours) + said)
     page.quotes(f"{total:.0f} in all: " + ", ".join(parts[:-1]) + f", {parts[-1]}.", "in all:")
     page.numbers(r"then one study of (\d+) Optuna trials per method", _trials("cars"))
     page.numbers(r"--all --trials (\d+) --processes 2", _trials("cars"))
