@@ -123,14 +123,11 @@ def _study_progress(protocol: str) -> tuple[int, int]:
     """How many of the protocol's studies are finished (one configuration file each) and how
     many there are to run: a method with a search space whose paper-default runs the data
     could serve (a study resumes across sessions; one landed part way is said so)."""
-    from harness.core import METHODS
+    from benchmarks.tuning_cost import planned_studies
 
     committed()  # the methods loaded
     tuned = {p.stem for p in (REFERENCE / "tuning" / protocol).glob("*.yaml")}
-    runnable = {p.parent.name for p in (RUNS / protocol).glob("*/seed0.json")
-                if not p.parent.name.endswith("+tuned")
-                and json.loads(p.read_text()).get("status") != "not_applicable"}  # fmt: skip
-    return len(tuned), sum(1 for m in runnable if METHODS.get(m).search)
+    return len(tuned), planned_studies(RUNS / protocol)
 
 
 def _trials(protocol: str) -> int:

@@ -15,6 +15,9 @@ For each protocol with a committed study (results/reference/tuning/<protocol>/st
 * the tuned sweep (results/reference/runs/<protocol>/*+tuned/): runs, run-minutes in all,
   and the wall-clock time during which a run ran.
 
+A study landed part way (it resumes across sessions) is headed `in progress` with how many
+of the protocol's studies are finished.
+
 The timings are those recorded while the studies and runs were made, on the machine the
 results record; nothing is re-run, and nothing is asserted.
 """
@@ -91,7 +94,18 @@ def sweep_cost(runs: Path) -> dict:
             "wall_seconds": busy_seconds(intervals)}  # fmt: skip
 
 
-def table(protocol: str, study: dict, sweep: dict) -> list[str]:
+def planned_studies(runs: Path) -> int:
+    """The studies `tune --all` runs on a protocol: each method with a search space whose
+    paper-default runs the data could serve (not `not_applicable`)."""
+    from harness.core import METHODS
+
+    served = {p.parent.name for p in runs.glob("*/seed0.json")
+              if not p.parent.name.endswith("+tuned")
+              and json.loads(p.read_text()).get("status") != "not_applicable"}  # fmt: skip
+    return sum(1 for m in served if METHODS.get(m).search)
+
+
+def table(protocol: str, study: dict, sweep: dict, planned: int) -> list[str]:
     by_family: dict[str, list[float]] = {}
     for name, m in study["methods"].items():
         by_family.setdefault(family(name), []).extend(m["seconds"])
@@ -99,9 +113,9 @@ def table(protocol: str, study: dict, sweep: dict) -> list[str]:
     pruned = sum(m["pruned"] for m in study["methods"].values())
     total = sum(sum(m["seconds"]) for m in study["methods"].values())
     budget = max((m["trials"] for m in study["methods"].values()), default=0)
-    short = sum(m["trials"] < budget for m in study["methods"].values())
-    lines = [f"## {protocol}" + (f" (in progress: {short} studies short of {budget} trials)"
-                                 if short else ""), "",
+    finished = sum(m["trials"] >= budget for m in study["methods"].values())
+    lines = [f"## {protocol}" + (f" (in progress: {finished} of {planned} studies finished)"
+                                 if finished < planned else ""), "",
              f"{len(study['methods'])} studies, {trials} finished trials ({pruned} pruned): "
              f"{total / 60:.0f} trial-minutes, {study['wall_seconds'] / 60:.0f} min of wall "
              f"time with a trial running. Tuned sweep: {sweep['runs']} runs, "
@@ -137,7 +151,7 @@ def main() -> None:
         study = study_cost(db)
         sweep = sweep_cost(args.reference / "runs" / protocol)
         found[protocol] = {"study": study, "sweep": sweep}
-        lines += table(protocol, study, sweep)
+        lines += table(protocol, study, sweep, planned_studies(args.reference / "runs" / protocol))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tuning_cost.json").write_text(json.dumps(found, indent=1) + "\n")
     (args.out / "tuning_cost.md").write_text("\n".join(lines))
