@@ -414,11 +414,14 @@ def test_what_the_hierarchical_model_changes_verdicts_quotes():
     shrunk = {s.protocol.split(" ")[0]: s for s in found[PRETRAINED].posteriors["untrained"].shrunk}
     cells = [f"{s.mean:.2f} [{s.low:.2f}, {s.high:.2f}]".replace("-", "−")
              for s in (shrunk["cars"], shrunk["groceries"], shrunk["birds"])]  # fmt: skip
-    cells += [f"{shrunk[p].mean:.2f}".replace("-", "−") for p in ("plankton", "pollen", "objects")]
+    cells += [
+        f"{shrunk[p].mean:.2f}".replace("-", "−")
+        for p in ("plankton", "pollen", "objects", "flowers")
+    ]
     assert found[PRETRAINED].reference == "multi_similarity"
     page.numbers(r"against multi_similarity over the real photos tuned: (\S+ \[\S+ \S+\]) points on "
                  r"cars, (\S+ \[\S+ \S+\]) on groceries, (\S+ \[\S+ \S+\]) on birds, (\S+) on "
-                 r"plankton, (\S+) on pollen and (\S+) on objects\)", *cells)  # fmt: skip
+                 r"plankton, (\S+) on pollen, (\S+) on objects and (\S+) on flowers\)", *cells)  # fmt: skip
     rope = found[PRETRAINED].rope
     shares = [(m, p.shares[rope]) for m, p in found[PRETRAINED].posteriors.items()]
     more = [(m, s.verdict(), getattr(s, s.verdict())) for m, s in shares

@@ -300,6 +300,16 @@ def test_the_leaderboard_figure_and_readme_quote_one_computation(committed):
     one, still = pretrained.one_sided(), pretrained.still_open()  # and the goal's count after it
     assert (f"Of the {len(one)} methods on one side of ±{pretrained.rope:g} on every protocol, "
             f"the model decides {len(one) - len(still)} ") in " ".join(readme.split())  # fmt: skip
+    # the first screen says what the datasets decide together, in the same counts
+    decided = sum(p.verdict() not in ("undecided", "not converged")
+                  for p in pretrained.probs.values())  # fmt: skip
+    first = " ".join(readme.split("\n## ")[0].split())
+    assert (
+        f"over the {len(pretrained.blocks)} decides {decided} of the "
+        f"{len(pretrained.probs)} comparisons against {pretrained.reference} "
+        f"(±{pretrained.rope:g} MAP@R point, P ≥ {DECISIVE:g}), {len(one) - len(still)} of "
+        f"the {len(one)} methods on one side of ±{pretrained.rope:g} on every dataset"
+    ) in first
 
 
 def test_compare_prints_the_probabilities_at_the_protocols_rope(committed, capsys):
